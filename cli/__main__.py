@@ -1,0 +1,3 @@
+from dcpstudio.cli import main
+
+raise SystemExit(main())

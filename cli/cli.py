@@ -1,0 +1,189 @@
+"""The ``dcpstudio`` command: no arguments opens the window; subcommands serve scripts and CI.
+
+Every subcommand calls the same ``dcpstudio.core`` functions as the window. Failures print one
+line (``dcpstudio: error: ...``) and exit non-zero; set ``DCPSTUDIO_DEBUG=1`` for a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class TerminalProgress:
+    """A one-line progress bar on a terminal (nothing when the stream is not a TTY)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, interval: float = 0.1) -> None:
+        self._stream = stream
+        self._enabled = stream.isatty()
+        self._interval = interval
+        self._last = 0.0
+        self._start = time.monotonic()
+
+    def __call__(self, p: Any) -> None:
+        now = time.monotonic()
+        if not self._enabled or (now - self._last < self._interval and p.fraction < 1.0):
+            return
+        self._last = now
+        width = 30
+        filled = int(width * p.fraction)
+        rate = p.done_bytes / max(now - self._start, 1e-6)
+        line = (
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {p.fraction * 100:5.1f}% "
+            f"{_human(p.done_bytes)}/{_human(p.total_bytes)} {_human(rate)}/s {p.current[-40:]:<40}"
+        )
+        self._stream.write(line)
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._enabled and self._last:
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+def _add_convert_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="source checkpoint (torch.save file or DCP directory)")
+    p.add_argument("dst", help="destination path")
+    p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
+    p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcpstudio",
+        description="Convert and inspect PyTorch checkpoints: DCP directories, torch.save files, safetensors.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"dcpstudio {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
+    _add_convert_options(p)
+    p.add_argument("--to", choices=["dcp", "torch"], help="target format (default: the other one)")
+    for name, target, text in (
+        ("torch_to_dcp", "dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
+        ("dcp_to_torch", "torch", "DCP directory -> torch.save file (format_utils' argument order)"),
+    ):
+        p = sub.add_parser(name, help=text, aliases=[name.replace("_", "-")])
+        _add_convert_options(p)
+        p.set_defaults(to=target)
+
+    p = sub.add_parser("demo", help="write a demo torch.save file and DCP checkpoint, convert and check them")
+    p.add_argument("--dir", help="where to write (default: the user data directory)")
+    return parser
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from dcpstudio.core import convert
+
+    bar = TerminalProgress() if not args.quiet else None
+    start = time.monotonic()
+    try:
+        result = convert(
+            args.src,
+            args.dst,
+            to=args.to,
+            progress=bar,
+            include=args.include,
+            exclude=args.exclude,
+            overwrite=args.overwrite,
+            trust_pickle=args.trust_pickle,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if not args.quiet:
+        seconds = time.monotonic() - start
+        print(
+            f"wrote {result.dst} ({result.target}): {result.tensors} tensors, {result.values} other values, "
+            f"{_human(result.tensor_bytes)} in {seconds:.2f} s"
+        )
+    return EXIT_OK
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dcpstudio.core import dcp_to_torch_save
+    from dcpstudio.core.demo import write_demo
+
+    pt, dcp_dir = write_demo(Path(args.dir) if args.dir else None)
+    back = pt.with_name("demo_roundtrip.pt")
+    dcp_to_torch_save(dcp_dir, back, overwrite=True)
+    import torch
+
+    a = torch.load(pt, weights_only=True)
+    b = torch.load(back, weights_only=True)
+    same = all(
+        torch.equal(a["model"][k], b["model"][k]) for k in a["model"]
+    ) and a["step"] == b["step"]
+    print(f"demo torch.save file: {pt}")
+    print(f"demo DCP checkpoint:  {dcp_dir}")
+    print(f"round trip through DCP: {back} ({'identical' if same else 'DIFFERENT'})")
+    return EXIT_OK if same else EXIT_ERROR
+
+
+def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    print(f"dcpstudio: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "convert": _run_convert,
+        "torch_to_dcp": _run_convert,
+        "torch-to-dcp": _run_convert,
+        "dcp_to_torch": _run_convert,
+        "dcp-to-torch": _run_convert,
+        "demo": _run_demo,
+    }
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    warnings.showwarning = _show_warning
+    from dcpstudio.core.errors import CancelledError, DCPStudioError
+
+    try:
+        return commands[args.command](args)
+    except CancelledError:
+        print("dcpstudio: cancelled; nothing was written", file=sys.stderr)
+        return EXIT_CANCELLED
+    except KeyboardInterrupt:
+        print("\ndcpstudio: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_CANCELLED
+    except (DCPStudioError, ValueError) as e:
+        if os.environ.get("DCPSTUDIO_DEBUG"):
+            raise
+        print(f"dcpstudio: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, ValueError) else EXIT_ERROR
+    except Exception as e:
+        if os.environ.get("DCPSTUDIO_DEBUG"):
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"dcpstudio: error: unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)",
+              file=sys.stderr)
+        return EXIT_ERROR

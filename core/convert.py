@@ -1,0 +1,240 @@
+"""Streaming converters between torch.save files and DCP directories.
+
+Plain path-in / path-out functions, like torch's ``format_utils``, that the CLI and the window
+call. Unlike torch's, they never hold the whole checkpoint: tensors are read and written one at a
+time (the next read overlapping the current write), pickles are read with restricted unpicklers
+unless ``trust_pickle``, and the output appears at ``dst`` only when complete and flushed.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from ._atomic import atomic_output
+from ._pipeline import prefetch
+from .errors import DCPStudioError, UnsupportedFormatError
+from .formats.dcp import DCPReader, DCPWriter, read_metadata
+from .formats.detect import detect_format
+from .formats.torchsave import TorchSaveFile, TorchSaveWriter, archive_name
+from .planners import LazySavePlanner, NameFilter, SafeLoadPlanner
+from .progress import CancelToken, ProgressCallback, Reporter
+
+__all__ = ["ConversionResult", "convert", "dcp_to_torch_save", "torch_save_to_dcp"]
+
+TRUST_WARNING = "trusting pickles in {}: code embedded in the checkpoint can run"
+_BATCH_BYTES = 64 << 20
+_BATCH_ITEMS = 256
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote."""
+
+    src: Path
+    dst: Path
+    target: Literal["dcp", "torch"]
+    tensors: int
+    values: int
+    tensor_bytes: int
+
+
+def _unwrap(error: CheckpointException) -> BaseException:
+    """DCP wraps every exception raised by a planner or storage layer; give back the original."""
+    for failure in error.failures.values():
+        inner = getattr(failure, "exc", None)
+        if isinstance(inner, BaseException):
+            return inner
+    return error
+
+
+def _check_paths(src: Path, dst: Path) -> None:
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents:
+        raise DCPStudioError(f"destination {dst} is the source or inside it; choose another path")
+
+
+def _io_error(dst: Path, e: OSError) -> DCPStudioError:
+    return DCPStudioError(f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
+
+
+def torch_save_to_dcp(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    include: str | None = None,
+    exclude: str | None = None,
+    overwrite: bool = False,
+    trust_pickle: bool = False,
+) -> ConversionResult:
+    """Convert a torch.save file into a DCP directory, one tensor in memory at a time."""
+    src_p, dst_p = Path(src), Path(dst)
+    if detect_format(src_p) != "torch":
+        raise UnsupportedFormatError(f"{src_p}: not a torch.save file")
+    _check_paths(src_p, dst_p)
+    keep = NameFilter(include, exclude)
+    if trust_pickle:
+        warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
+    with TorchSaveFile(src_p, trust_pickle=trust_pickle) as tsf:
+        if not isinstance(tsf.obj, dict):
+            raise UnsupportedFormatError(
+                f"{src_p}: holds a {type(tsf.obj).__name__}; DCP stores a dict (state dict) at the top level"
+            )
+        flat, _ = flatten_state_dict(tsf.obj)
+        kept = {k: v for k, v in flat.items() if keep(k)}
+        tensors = [v for v in kept.values() if isinstance(v, torch.Tensor)]
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(kept))
+        reporter.check()
+
+        def on_item(_length: int, fqn: str) -> None:
+            value = kept.get(fqn)
+            reporter.advance(value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0, current=fqn)
+
+        try:
+            with atomic_output(dst_p, overwrite=overwrite) as tmp:
+                writer = DCPWriter(tmp, on_item=on_item)
+                planner = LazySavePlanner(tsf.materialize, keep, before_item=reporter.check)
+                try:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
+                        dcp.save(tsf.obj, storage_writer=writer, planner=planner, no_dist=True)
+                except CheckpointException as e:
+                    raise _unwrap(e) from None
+        except OSError as e:
+            raise _io_error(dst_p, e) from e
+    return ConversionResult(src_p, dst_p, "dcp", len(tensors), len(kept) - len(tensors), total)
+
+
+def _tensor_batches(items: list[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    batch: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for key, placeholder in items:
+        nbytes = placeholder.numel() * placeholder.element_size()
+        if batch and (size + nbytes > _BATCH_BYTES or len(batch) >= _BATCH_ITEMS):
+            yield batch
+            batch, size = [], 0
+        batch.append((key, placeholder))
+        size += nbytes
+    if batch:
+        yield batch
+
+
+def _read_values(reader: DCPReader, md: Metadata, wanted: dict[str, Any], trust: bool) -> dict[str, Any]:
+    """Read the entries of ``wanted`` (fqn -> destination tensor, or None for a non-tensor value)."""
+    planner = SafeLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False, trust_pickle=trust)
+    planner.set_up_planner(wanted, md, True)
+    reader.read_data(planner.create_local_plan(), planner).wait()
+    return planner.state_dict
+
+
+def dcp_to_torch_save(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    include: str | None = None,
+    exclude: str | None = None,
+    overwrite: bool = False,
+    trust_pickle: bool = False,
+) -> ConversionResult:
+    """Convert a DCP directory (saved by any number of ranks) into one torch.save file.
+
+    The nesting recorded in the checkpoint's planner data is restored, as torch's converter does;
+    sharded tensors are assembled from their chunks one tensor at a time.
+    """
+    src_p, dst_p = Path(src), Path(dst)
+    if detect_format(src_p) != "dcp":
+        raise UnsupportedFormatError(f"{src_p}: not a DCP checkpoint directory")
+    _check_paths(src_p, dst_p)
+    keep = NameFilter(include, exclude)
+    if trust_pickle:
+        warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
+    md = read_metadata(src_p, trust_pickle=trust_pickle)
+    reader = DCPReader(src_p, trust_pickle=trust_pickle)
+    reader.set_up_storage_reader(md, True)
+
+    entries = {fqn: smd for fqn, smd in md.state_dict_metadata.items() if keep(fqn)}
+    placeholders: dict[int, torch.Tensor] = {}
+    fqn_of: dict[int, str] = {}
+    values: dict[str, Any] = {}
+    for fqn, smd in entries.items():
+        if isinstance(smd, TensorStorageMetadata):
+            t = torch.empty(smd.size, dtype=smd.properties.dtype, device="meta")
+            placeholders[id(t)] = t
+            fqn_of[id(t)] = fqn
+            values[fqn] = t
+    byte_fqns = [fqn for fqn in entries if fqn not in values]
+    total = sum(t.numel() * t.element_size() for t in placeholders.values())
+    reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(entries))
+    reporter.check()
+    if byte_fqns:
+        values.update(_read_values(reader, md, dict.fromkeys(byte_fqns), trust_pickle))
+        reporter.advance(0, items=len(byte_fqns))
+
+    mappings = md.planner_data if isinstance(md.planner_data, dict) else {}
+    state_dict: dict[str, Any] = {}
+    for fqn in entries:
+        path = mappings.get(fqn)
+        if isinstance(path, tuple) and path:
+            set_element(state_dict, path, values[fqn])
+        else:
+            state_dict[fqn] = values[fqn]
+
+    def load_batch(batch: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        reporter.check()
+        dests = {fqn_of[id(p)]: torch.empty(p.size(), dtype=p.dtype) for _, p in batch}
+        _read_values(reader, md, dests, trust_pickle)
+        return [(key, dests[fqn_of[id(p)]]) for key, p in batch]
+
+    try:
+        with atomic_output(dst_p, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+            writer = TorchSaveWriter(f, archive_name(dst_p))
+            order = writer.write_pickle(state_dict, placeholders)
+            writer.write_pending_real_storages()
+            fqn_of_key = {key: fqn_of[id(p)] for key, p in order}
+            for _batch, loaded in prefetch(load_batch, _tensor_batches(order)):
+                for key, tensor in loaded:
+                    writer.write_storage(key, tensor)
+                    reporter.advance(tensor.numel() * tensor.element_size(), current=fqn_of_key[key])
+            writer.finish()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise _io_error(dst_p, e) from e
+    return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    to: Literal["dcp", "torch"] | None = None,
+    **options: Any,
+) -> ConversionResult:
+    """Convert ``src`` to format ``to`` (by default: DCP to torch.save, torch.save to DCP)."""
+    fmt = detect_format(src)
+    if fmt == "safetensors":
+        raise UnsupportedFormatError(f"{src}: reading safetensors is not supported by this version")
+    target = to or ("torch" if fmt == "dcp" else "dcp")
+    if target == fmt:
+        raise UnsupportedFormatError(f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}")
+    if target == "dcp":
+        return torch_save_to_dcp(src, dst, **options)
+    if target == "torch":
+        return dcp_to_torch_save(src, dst, **options)
+    raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp or torch)")

@@ -1,0 +1,1 @@
+"""DCP Studio formats: torch.save, DCP, detection."""

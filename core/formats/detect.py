@@ -1,0 +1,63 @@
+"""Recognise a checkpoint by its content, not its name."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Literal
+
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
+
+__all__ = ["Format", "detect_format"]
+
+Format = Literal["dcp", "torch", "safetensors"]
+
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 9:
+        return False
+    (header_len,) = struct.unpack("<Q", head[:8])
+    return 2 <= header_len <= size - 8 and head[8:9] == b"{"
+
+
+def detect_format(path: str | os.PathLike[str]) -> Format:
+    """``"dcp"`` for a directory with ``.metadata``, ``"torch"`` for a torch.save file (ZIP or
+    legacy), ``"safetensors"`` for a safetensors file or a directory with an index; else a clear
+    :class:`UnsupportedFormatError`."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / ".metadata").is_file():
+            return "dcp"
+        if any(p.glob("*.distcp")):
+            raise CorruptCheckpointError(
+                f"{p}: has .distcp data files but no .metadata; the save did not finish or the file was removed"
+            )
+        if (p / _SAFETENSORS_INDEX).is_file() or any(p.glob("*.safetensors")):
+            return "safetensors"
+        raise UnsupportedFormatError(f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors)")
+    if not p.exists():
+        raise UnsupportedFormatError(f"{p}: no such file or directory")
+    if p.name.endswith(".safetensors.index.json"):
+        return "safetensors"
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        raise UnsupportedFormatError(f"{p}: cannot read ({e.strerror or e})") from e
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "torch"
+    if head[:1] == b"\x80" and len(head) > 2 and head[1] in (2, 3, 4, 5):
+        return "torch"
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        raise UnsupportedFormatError(f"{p}: a pre-1.0 tar-format torch.save file; re-save it with current torch")
+    if _looks_like_safetensors(head, size):
+        return "safetensors"
+    if size == 0:
+        raise UnsupportedFormatError(f"{p}: empty file")
+    raise UnsupportedFormatError(
+        f"{p}: not a checkpoint (expected a DCP directory, a torch.save file or a safetensors file)"
+    )
