@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from ._atomic import atomic_output
+from ._io import FileRange, crc32, tensor_buffer
 from ._pipeline import prefetch
 from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPReader, DCPWriter, read_metadata
@@ -107,7 +108,9 @@ def torch_save_to_dcp(
         try:
             with atomic_output(dst_p, overwrite=overwrite) as tmp:
                 writer = DCPWriter(tmp, on_item=on_item)
-                planner = LazySavePlanner(tsf.materialize, keep, before_item=reporter.check)
+                planner = LazySavePlanner(
+                    tsf.materialize, keep, before_item=reporter.check, source_range=tsf.source_range
+                )
                 try:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
@@ -195,11 +198,28 @@ def dcp_to_torch_save(
         else:
             state_dict[fqn] = values[fqn]
 
-    def load_batch(batch: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    def load_batch(batch: list[tuple[str, torch.Tensor]]) -> list[tuple[str, FileRange | tuple[torch.Tensor, int]]]:
+        """Runs on the prefetch thread: where to copy each tensor from, or its bytes and CRC."""
         reporter.check()
-        dests = {fqn_of[id(p)]: torch.empty(p.size(), dtype=p.dtype) for _, p in batch}
-        _read_values(reader, md, dests, trust_pickle)
-        return [(key, dests[fqn_of[id(p)]]) for key, p in batch]
+        ranges = {}
+        dests = {}
+        for key, p in batch:
+            fqn = fqn_of[id(p)]
+            found = reader.whole_tensor_range(fqn, cast(TensorStorageMetadata, entries[fqn]))
+            if found is not None:
+                ranges[key] = found
+            else:
+                dests[fqn] = torch.empty(p.size(), dtype=p.dtype)
+        if dests:
+            _read_values(reader, md, dests, trust_pickle)
+        out: list[tuple[str, FileRange | tuple[torch.Tensor, int]]] = []
+        for key, p in batch:
+            if key in ranges:
+                out.append((key, ranges[key]))
+            else:
+                t = dests[fqn_of[id(p)]]
+                out.append((key, (t, crc32(tensor_buffer(t)))))
+        return out
 
     try:
         with atomic_output(dst_p, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
@@ -208,14 +228,21 @@ def dcp_to_torch_save(
             writer.write_pending_real_storages()
             fqn_of_key = {key: fqn_of[id(p)] for key, p in order}
             for _batch, loaded in prefetch(load_batch, _tensor_batches(order)):
-                for key, tensor in loaded:
-                    writer.write_storage(key, tensor)
-                    reporter.advance(tensor.numel() * tensor.element_size(), current=fqn_of_key[key])
+                for key, data in loaded:
+                    if isinstance(data, FileRange):
+                        writer.copy_storage(key, data, f"{src_p} ({fqn_of_key[key]})")
+                        nbytes = data.nbytes
+                    else:
+                        writer.write_storage(key, data[0], data[1])
+                        nbytes = data[0].numel() * data[0].element_size()
+                    reporter.advance(nbytes, current=fqn_of_key[key])
             writer.finish()
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
         raise _io_error(dst_p, e) from e
+    finally:
+        reader.close()
     return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
 
 

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemType
 
+from ._io import FileRange
 from ._pickle import _unsafe_message
 from ._tree import map_tensors
 from .errors import CorruptCheckpointError, UnsafePickleError
@@ -90,11 +91,13 @@ class LazySavePlanner(DefaultSavePlanner):
         materialize: Callable[[torch.Tensor], torch.Tensor],
         keep: Callable[[str], bool] | None = None,
         before_item: Callable[[], None] | None = None,
+        source_range: Callable[[torch.Tensor], FileRange | None] | None = None,
     ) -> None:
         super().__init__()
         self._materialize = materialize
         self._keep = keep
         self._before_item = before_item
+        self._source_range = source_range
 
     def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
         super().set_up_planner(state_dict, storage_meta, is_coordinator)
@@ -111,3 +114,11 @@ class LazySavePlanner(DefaultSavePlanner):
             torch.save(map_tensors(obj, self._materialize), buf)
             return buf
         return self._materialize(obj)
+
+    def resolve_range(self, write_item: WriteItem) -> FileRange | None:
+        """Where a tensor item's bytes lie verbatim in a source file, so a writer that knows this
+        hook (:class:`~dcpstudio.core.formats.dcp.DCPWriter`) can copy them without reading them."""
+        if self._source_range is None or write_item.type == WriteItemType.BYTE_IO:
+            return None
+        obj = self.lookup_object(write_item.index)
+        return self._source_range(obj) if isinstance(obj, torch.Tensor) else None

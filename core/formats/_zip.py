@@ -13,10 +13,10 @@ import io
 import os
 import struct
 import zipfile
-import zlib
 from dataclasses import dataclass
 from typing import IO, BinaryIO
 
+from .._io import FileRange, copy_range, crc32
 from ..errors import CorruptCheckpointError
 
 __all__ = ["FileView", "ZipRecord", "ZipWriter", "read_zip_records"]
@@ -102,14 +102,6 @@ def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | No
     return records
 
 
-def _crc32(data: memoryview) -> int:
-    crc = 0
-    step = 1 << 30
-    for start in range(0, len(data), step):
-        crc = zlib.crc32(data[start : start + step], crc)
-    return crc
-
-
 class ZipWriter:
     """Write a torch.save-style archive: stored records under ``archive/``, data 64-byte aligned.
 
@@ -127,11 +119,21 @@ class ZipWriter:
     def _pos(self) -> int:
         return self._f.tell() - self._base
 
-    def write(self, name: str, data: bytes | memoryview) -> None:
-        full = f"{self._archive}/{name}".encode()
+    def write(self, name: str, data: bytes | memoryview, crc: int | None = None) -> None:
+        """Append a record; pass ``crc`` when it is already known (e.g. computed on another thread)."""
         mv = memoryview(data).cast("B")
-        size = mv.nbytes
-        crc = _crc32(mv)
+        self._header(name, mv.nbytes, crc32(mv) if crc is None else crc)
+        self._f.write(mv)
+
+    def copy(self, name: str, src: FileRange, label: str) -> None:
+        """Append a record whose bytes are copied from another file inside the kernel."""
+        self._header(name, src.nbytes, src.crc)
+        self._f.flush()
+        copy_range(src, self._f.fileno(), label)
+        self._f.seek(0, os.SEEK_END)  # the copy moved the descriptor under the buffered writer
+
+    def _header(self, name: str, size: int, crc: int) -> None:
+        full = f"{self._archive}/{name}".encode()
         zip64 = size >= _MAX32
         offset = self._pos()
         z64 = struct.pack("<HHQQ", 1, 16, size, size) if zip64 else b""
@@ -145,7 +147,6 @@ class ZipWriter:
             + full
             + extra
         )
-        self._f.write(mv)
         self._entries.append((full, crc, size, offset, flags))
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._io import read_exact, swap_bytes, tensor_buffer
+from .._io import FileRange, crc32, read_exact, swap_bytes, tensor_buffer
 from .._pickle import LazyStorages, load_metadata_pickle, load_torch_pickle
 from .._pipeline import prefetch
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -79,6 +79,8 @@ class _Chunk:
     stored: bool
     big_endian: bool
     record: str
+    size: int  # bytes in the storage record
+    crc: int
 
 
 def _open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> _Chunk:
@@ -106,7 +108,7 @@ def _open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> _Chunk:
         mark = bytearray(order.size)
         read_exact(f, offset + order.data_offset, memoryview(mark), label)
         big = bytes(mark) == b"big"
-    return _Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name)
+    return _Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name, rec.size, rec.crc)
 
 
 def _contiguous_span(size: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> tuple[int, int] | None:
@@ -139,6 +141,46 @@ class DCPReader(FileSystemReader):
         super().__init__(path)
         self.trust_pickle = trust_pickle
         self.bytes_read = 0
+        self._files: dict[str, IO[bytes]] = {}
+
+    def whole_tensor_range(self, fqn: str, md: TensorStorageMetadata) -> FileRange | None:
+        """Where tensor ``fqn`` lies verbatim in one data file -- saved as a single contiguous
+        chunk in native byte order -- so a converter can copy it without reading it; else None."""
+        if len(md.chunks) != 1:
+            return None
+        chunk_md = md.chunks[0]
+        if any(chunk_md.offsets) or list(chunk_md.sizes) != list(md.size):
+            return None
+        info = self.storage_data.get(MetadataIndex(fqn, chunk_md.offsets))
+        if info is None or getattr(info, "transform_descriptors", None):
+            return None
+        f = self._files.get(info.relative_path)
+        if f is None:
+            path = Path(self.path) / info.relative_path
+            try:
+                f = self._files[info.relative_path] = open(path, "rb", buffering=0)  # noqa: SIM115
+            except OSError as e:
+                raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
+        chunk = _open_chunk(f, info.offset, info.length, f"{self.path}/{info.relative_path} ({fqn})")
+        t = chunk.tensor
+        nbytes = t.numel() * t.element_size()
+        if (
+            not chunk.stored
+            or chunk.big_endian
+            or t.dtype != md.properties.dtype
+            or list(t.size()) != list(md.size)
+            or t.storage_offset()
+            or not t.is_contiguous()
+            or chunk.size != nbytes
+        ):
+            return None
+        return FileRange(f.fileno(), chunk.data_offset, nbytes, chunk.crc)
+
+    def close(self) -> None:
+        """Close the data files opened by :meth:`whole_tensor_range`."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         md = read_metadata(self.path, trust_pickle=self.trust_pickle)
@@ -257,17 +299,35 @@ class DCPWriter(FileSystemWriter):
         return fut
 
     def _write_file(self, path: Path, file_name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
+        resolve_range = getattr(planner, "resolve_range", None)
+
+        def produce(item: WriteItem) -> Any:
+            """Runs on the prefetch thread: the item's bytes (and CRC), or where to copy them from."""
+            if item.type == WriteItemType.BYTE_IO:
+                return planner.resolve_data(item)
+            if resolve_range is not None:
+                found = resolve_range(item)
+                if found is not None:
+                    return found
+            tensor = cast(torch.Tensor, planner.resolve_data(item)).detach().cpu()
+            if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.nbytes:
+                tensor = tensor.contiguous() if not tensor.is_contiguous() else tensor.clone()
+            return tensor, crc32(tensor_buffer(tensor))
+
         results = []
         with open(path, "wb") as f:
-            for item, data in prefetch(planner.resolve_data, items):
+            for item, data in prefetch(produce, items):
                 offset = f.tell()
                 if item.type == WriteItemType.BYTE_IO:
                     f.write(cast(io.BytesIO, data).getbuffer())
+                elif isinstance(data, FileRange):
+                    td = item.tensor_data
+                    assert td is not None
+                    like = torch.empty(td.size, dtype=td.properties.dtype, device="meta")
+                    save_tensor(f, like, data, label=f"{path} ({item.index.fqn})")
                 else:
-                    tensor = cast(torch.Tensor, data).detach().cpu()
-                    if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.nbytes:
-                        tensor = tensor.contiguous() if not tensor.is_contiguous() else tensor.clone()
-                    save_tensor(f, tensor)
+                    tensor, crc = data
+                    save_tensor(f, tensor, tensor, crc=crc)
                 length = f.tell() - offset
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(file_name, offset, length))

@@ -25,7 +25,7 @@ from typing import IO, Any, BinaryIO
 
 import torch
 
-from .._io import read_exact, swap_bytes, tensor_buffer
+from .._io import FileRange, read_exact, swap_bytes, tensor_buffer
 from .._pickle import LazyStorages, StorageRef, load_torch_pickle
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import ZipWriter, read_zip_records
@@ -43,7 +43,7 @@ class TorchSaveFile:
         self.path = Path(path)
         self.label = str(path)
         self.storages = LazyStorages()
-        self._locations: dict[str, tuple[int, int]] = {}
+        self._locations: dict[str, tuple[int, int, int | None]] = {}  # offset, size, CRC
         self._compressed: dict[str, str] = {}
         self._big_endian = False
         self._cache: tuple[str, torch.Tensor] | None = None
@@ -86,7 +86,7 @@ class TorchSaveFile:
                 raise CorruptCheckpointError(
                     f"{self.label}: storage record data/{key} holds {rec.size} bytes, the pickle needs {ref.nbytes}"
                 )
-            self._locations[key] = (rec.data_offset, rec.size)
+            self._locations[key] = (rec.data_offset, rec.size, rec.crc)
             if not rec.stored:
                 self._compressed[key] = rec.name
         return obj
@@ -116,7 +116,7 @@ class TorchSaveFile:
             nbytes = numel * ref.dtype.itemsize
             if numel < ref.numel or pos + 8 + nbytes > size:
                 raise CorruptCheckpointError(f"{self.label}: storage {key} is truncated")
-            self._locations[ref.key] = (pos + 8, nbytes)
+            self._locations[ref.key] = (pos + 8, nbytes, None)
             pos += 8 + nbytes
         missing = set(self.storages.refs) - set(self._locations)
         if missing:
@@ -137,7 +137,20 @@ class TorchSaveFile:
     # -- reading -------------------------------------------------------------------------------
     def location(self, ref: StorageRef) -> tuple[int, int]:
         """Byte offset and length of a storage's data in the file."""
-        return self._locations[ref.key]
+        offset, size, _crc = self._locations[ref.key]
+        return offset, size
+
+    def source_range(self, t: torch.Tensor) -> FileRange | None:
+        """The file bytes of ``t`` when they can be copied verbatim: ``t`` is a contiguous view of
+        its whole storage, stored uncompressed in native byte order with a known CRC."""
+        ref = self.storages.ref_of(t)
+        if ref is None or ref.key in self._compressed or self._big_endian:
+            return None
+        offset, size, crc = self._locations[ref.key]
+        nbytes = t.numel() * t.element_size()
+        if crc is None or size != nbytes or ref.nbytes != nbytes or t.storage_offset() or not t.is_contiguous():
+            return None
+        return FileRange(self._f.fileno(), offset, nbytes, crc)
 
     def read_storage(self, ref: StorageRef) -> torch.Tensor:
         """The bytes of one storage as a uint8 tensor, in native byte order."""
@@ -265,9 +278,13 @@ class TorchSaveWriter:
         self._zip.write("byteorder", sys.byteorder.encode())
         return order
 
-    def write_storage(self, key: str, tensor: torch.Tensor) -> None:
+    def write_storage(self, key: str, tensor: torch.Tensor, crc: int | None = None) -> None:
         """Append the record for ``key`` from a contiguous CPU tensor holding its bytes."""
-        self._zip.write(f"data/{key}", tensor_buffer(tensor))
+        self._zip.write(f"data/{key}", tensor_buffer(tensor), crc)
+
+    def copy_storage(self, key: str, src: FileRange, label: str) -> None:
+        """Append the record for ``key`` by copying its bytes from another file in the kernel."""
+        self._zip.copy(f"data/{key}", src, label)
 
     def write_pending_real_storages(self) -> None:
         """Write the storages of ordinary tensors met while pickling (non-placeholders)."""
@@ -283,9 +300,17 @@ class TorchSaveWriter:
         self._zip.close()
 
 
-def save_tensor(f: BinaryIO, tensor: torch.Tensor) -> None:
-    """``torch.save(tensor, f)`` with zlib CRCs: the archive DCP stores for each tensor chunk."""
+def save_tensor(
+    f: BinaryIO, like: torch.Tensor, data: torch.Tensor | FileRange, *, crc: int | None = None, label: str = ""
+) -> None:
+    """What ``torch.save(tensor, f)`` writes for a contiguous tensor shaped like ``like`` -- the
+    archive DCP stores for each tensor chunk -- with its bytes from a contiguous CPU tensor (and
+    its ``crc`` if known) or copied from a :class:`FileRange`."""
     writer = TorchSaveWriter(f)
-    writer.write_pickle(tensor, {})
-    writer.write_pending_real_storages()
+    placeholder = torch.empty(like.size(), dtype=like.dtype, device="meta")
+    ((key, _),) = writer.write_pickle(placeholder, {id(placeholder): placeholder})
+    if isinstance(data, FileRange):
+        writer.copy_storage(key, data, label)
+    else:
+        writer.write_storage(key, data, crc)
     writer.finish()
