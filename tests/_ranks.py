@@ -1,0 +1,80 @@
+"""Multi-rank DCP checkpoints made by torch itself (``dcp.save`` from several gloo ranks).
+
+Run with the ``spawn`` start method, so the worker lives in an importable module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES: dict[str, tuple[tuple[int, ...], torch.dtype, str]] = {
+    "model.w": ((10, 6), torch.float32, "shard0"),  # 10 rows over 3 ranks: 4, 4, 2
+    "model.v": ((5, 7), torch.float32, "shard1"),  # 7 columns over 3 ranks: 3, 3, 1
+    "model.r": ((4, 4), torch.float32, "replicate"),
+    "model.bf": ((9, 3), torch.bfloat16, "shard0"),
+    "model.tiny": ((2, 3), torch.float32, "shard0"),  # fewer rows than ranks: one rank holds nothing
+}
+
+
+def full_tensor(name: str) -> torch.Tensor:
+    shape, dtype, _ = SHAPES[name]
+    n = 1
+    for s in shape:
+        n *= s
+    seed = sum(map(ord, name))
+    return (torch.arange(n, dtype=torch.float64).reshape(shape) * 0.5 + seed).to(dtype)
+
+
+def expected_state_dict() -> dict[str, Any]:
+    model = {name.split(".", 1)[1]: full_tensor(name) for name in SHAPES}
+    model["plain"] = torch.arange(6.0)
+    return {"model": model, "step": 5, "extra": {"lr": 0.1, "tags": ["a", "b"]}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _save_worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        placements = {"shard0": [Shard(0)], "shard1": [Shard(1)], "replicate": [Replicate()]}
+        sd = expected_state_dict()
+        for name, (_, _, layout) in SHAPES.items():
+            sd["model"][name.split(".", 1)[1]] = distribute_tensor(full_tensor(name), mesh, placements[layout])
+        dcp.save(sd, checkpoint_id=out)
+    finally:
+        dist.destroy_process_group()
+
+
+def save_multirank(out: Path, world: int = 3, timeout: float = 120.0) -> None:
+    """Write a DCP checkpoint from ``world`` gloo ranks; fails (never hangs) within ``timeout``."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_save_worker, args=(world, free_port(), str(out)), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"multi-rank save did not finish in {timeout} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Deep equality of checkpoint trees: tensors bit-exact with equal dtype and shape; dict keys
+    compared as strings (DCP stores every key as a string, as torch's converters do)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{path}: {type(b).__name__} instead of a tensor"
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{path}: values differ"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict), f"{path}: {type(b).__name__} instead of a dict"
+        assert sorted(map(str, a)) == sorted(map(str, b)), f"{path}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"
+        bs = {str(k): v for k, v in b.items()}
+        for k, v in a.items():
+            assert_same(v, bs[str(k)], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: {b!r} != {a!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def rich_state_dict() -> dict[str, Any]:
+    """Every kind of content a torch.save checkpoint carries in practice."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 8, generator=g)
+    return {
+        "model": {
+            "w": base,
+            "w_t": base.t(),  # non-contiguous view of a shared storage
+            "w_slice": base[1:4, 2:7],  # view with a storage offset
+            "w_tied": base,  # the same tensor twice
+            "bf16": torch.randn(5, 3, generator=g).bfloat16(),
+            "fp16": torch.randn(7, generator=g).half(),
+            "f8": torch.randn(4, generator=g).to(torch.float8_e4m3fn),
+            "i64": torch.arange(10),
+            "u8": torch.arange(9, dtype=torch.uint8),
+            "u16": torch.arange(5).to(torch.uint16),
+            "bool": torch.tensor([True, False, True]),
+            "c64": torch.randn(3, dtype=torch.complex64, generator=g),
+            "empty": torch.zeros(0, 3),
+            "scalar": torch.tensor(3.5),
+            "channels_last": torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
+        },
+        "optim": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(6, 8), "exp_avg_sq": torch.full((6, 8), 0.5)}},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}],
+        },
+        "step": 12,
+        "name": "run-7",
+        "ratio": 0.25,
+        "flags": None,
+        "layers": [torch.ones(2), torch.zeros(3)],
+        "pair": (torch.ones(1), 3),
+        "ordered": collections.OrderedDict(a=1, b=2),
+    }
+
+
+@pytest.fixture
+def rich_pt(tmp_path: Path) -> Path:
+    path = tmp_path / "rich.pt"
+    torch.save(rich_state_dict(), path)
+    return path
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Hidden temporaries our atomic writer might have left."""
+    return sorted(p.name for p in directory.iterdir() if ".dcpstudio-tmp-" in p.name)
