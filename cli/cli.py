@@ -73,7 +73,7 @@ def _add_convert_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpstudio",
-        description="Convert and inspect PyTorch checkpoints: DCP directories, torch.save files, safetensors.",
+        description="Convert and inspect PyTorch checkpoints: DCP directories, torch.save files.",
     )
     from . import __version__
 
@@ -137,16 +137,16 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     a = torch.load(pt, weights_only=True)
     b = torch.load(back, weights_only=True)
-    same = all(
-        torch.equal(a["model"][k], b["model"][k]) for k in a["model"]
-    ) and a["step"] == b["step"]
+    same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and a["step"] == b["step"]
     print(f"demo torch.save file: {pt}")
     print(f"demo DCP checkpoint:  {dcp_dir}")
     print(f"round trip through DCP: {back} ({'identical' if same else 'DIFFERENT'})")
     return EXIT_OK if same else EXIT_ERROR
 
 
-def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+def _show_warning(
+    message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
     print(f"dcpstudio: warning: {message}", file=sys.stderr)
 
 
@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("DCPSTUDIO_DEBUG"):
             raise
         first = str(e).splitlines()[0] if str(e) else ""
-        print(f"dcpstudio: error: unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)",
-              file=sys.stderr)
+        print(
+            f"dcpstudio: error: unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR

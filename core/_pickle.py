@@ -125,8 +125,19 @@ def _unsafe_message(label: str, error: Exception) -> str:
 
 
 _CORRUPT_ERRORS = (
-    EOFError, IndexError, KeyError, ValueError, TypeError, AttributeError, RuntimeError,
-    OverflowError, MemoryError, RecursionError, UnicodeDecodeError, ImportError, __import__("struct").error,
+    EOFError,
+    IndexError,
+    KeyError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RuntimeError,
+    OverflowError,
+    MemoryError,
+    RecursionError,
+    UnicodeDecodeError,
+    ImportError,
+    __import__("struct").error,
 )
 
 
@@ -147,6 +158,7 @@ def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust
     """Unpickle a torch.save pickle with weights-only semantics (or full, when ``trust``)."""
     unpickler: Any
     if trust:
+
         class _Trusting(pickle.Unpickler):
             def persistent_load(self, pid: Any) -> Any:
                 return storages.persistent_load(pid)
@@ -164,7 +176,9 @@ def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust
         text = str(e)
         if not trust and ("GLOBAL" in text or "allowed" in text or "Unsupported" in text):
             raise UnsafePickleError(_unsafe_message(label, e)) from e
-        raise CorruptCheckpointError(f"{label}: damaged pickle ({text.splitlines()[0] if text else 'unreadable'})") from e
+        raise CorruptCheckpointError(
+            f"{label}: damaged pickle ({text.splitlines()[0] if text else 'unreadable'})"
+        ) from e
     except _CORRUPT_ERRORS as e:
         raise CorruptCheckpointError(f"{label}: damaged pickle ({type(e).__name__}: {e})") from e
 
@@ -172,8 +186,14 @@ def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust
 _DCP_CLASSES = {
     ("torch.distributed.checkpoint.metadata", name): getattr(_dcp_md, name)
     for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "_MEM_FORMAT_ENCODING", "MetadataIndex", "StorageMeta",
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+        "MetadataIndex",
+        "StorageMeta",
     )
 }
 _DCP_CLASSES[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _dcp_fs._StorageInfo
@@ -191,8 +211,10 @@ _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
     ("builtins", "frozenset"): frozenset,
     ("builtins", "complex"): complex,
     ("builtins", "slice"): slice,
-    **{("pathlib", n): getattr(pathlib, n) for n in ("Path", "PosixPath", "WindowsPath", "PurePath",
-                                                      "PurePosixPath", "PureWindowsPath")},
+    **{
+        ("pathlib", n): getattr(pathlib, n)
+        for n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
+    },
 }
 
 

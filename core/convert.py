@@ -67,7 +67,9 @@ def _check_paths(src: Path, dst: Path) -> None:
 
 
 def _io_error(dst: Path, e: OSError) -> DCPStudioError:
-    return DCPStudioError(f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
+    return DCPStudioError(
+        f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+    )
 
 
 def torch_save_to_dcp(
@@ -103,7 +105,9 @@ def torch_save_to_dcp(
 
         def on_item(_length: int, fqn: str) -> None:
             value = kept.get(fqn)
-            reporter.advance(value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0, current=fqn)
+            reporter.advance(
+                value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0, current=fqn
+            )
 
         try:
             with atomic_output(dst_p, overwrite=overwrite) as tmp:
@@ -198,7 +202,9 @@ def dcp_to_torch_save(
         else:
             state_dict[fqn] = values[fqn]
 
-    def load_batch(batch: list[tuple[str, torch.Tensor]]) -> list[tuple[str, FileRange | tuple[torch.Tensor, int]]]:
+    def load_batch(
+        batch: list[tuple[str, torch.Tensor]],
+    ) -> list[tuple[str, FileRange | tuple[torch.Tensor, int]]]:
         """Runs on the prefetch thread: where to copy each tensor from, or its bytes and CRC."""
         reporter.check()
         ranges = {}
@@ -259,7 +265,9 @@ def convert(
         raise UnsupportedFormatError(f"{src}: reading safetensors is not supported by this version")
     target = to or ("torch" if fmt == "dcp" else "dcp")
     if target == fmt:
-        raise UnsupportedFormatError(f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}")
+        raise UnsupportedFormatError(
+            f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}"
+        )
     if target == "dcp":
         return torch_save_to_dcp(src, dst, **options)
     if target == "torch":

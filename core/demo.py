@@ -52,8 +52,10 @@ def _demo_state_dict() -> dict[str, Any]:
     sd = llama_like_state_dict(8 << 20)
     weights = list(sd["model"].items())[:4]
     sd["optim"] = {
-        "state": {i: {"step": torch.tensor(10.0), "exp_avg": torch.zeros_like(w, dtype=torch.float32)}
-                  for i, (_, w) in enumerate(weights)},
+        "state": {
+            i: {"step": torch.tensor(10.0), "exp_avg": torch.zeros_like(w, dtype=torch.float32)}
+            for i, (_, w) in enumerate(weights)
+        },
         "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "params": [0, 1, 2, 3]}],
     }
     sd["model"]["output.weight"] = sd["model"]["tok_embeddings.weight"]  # tied, one shared storage

@@ -56,7 +56,9 @@ def _save_worker(rank: int, world: int, port: int, out: str) -> None:
         placements = {"shard0": [Shard(0)], "shard1": [Shard(1)], "replicate": [Replicate()]}
         sd = expected_state_dict()
         for name, (_, _, layout) in SHAPES.items():
-            sd["model"][name.split(".", 1)[1]] = distribute_tensor(full_tensor(name), mesh, placements[layout])
+            sd["model"][name.split(".", 1)[1]] = distribute_tensor(
+                full_tensor(name), mesh, placements[layout]
+            )
         dcp.save(sd, checkpoint_id=out)
     finally:
         dist.destroy_process_group()
@@ -66,8 +68,9 @@ def save_multirank(out: Path, world: int = 3, timeout: float = 120.0) -> None:
     """Write a DCP checkpoint from ``world`` gloo ranks; fails (never hangs) within ``timeout``."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_save_worker, args=(world, free_port(), str(out)), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _save_worker, args=(world, free_port(), str(out)), nprocs=world, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=1.0):

@@ -18,16 +18,20 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
         assert isinstance(b, torch.Tensor), f"{path}: {type(b).__name__} instead of a tensor"
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{path}: values differ"
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), (
+            f"{path}: values differ"
+        )
     elif isinstance(a, dict):
         assert isinstance(b, dict), f"{path}: {type(b).__name__} instead of a dict"
-        assert sorted(map(str, a)) == sorted(map(str, b)), f"{path}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"
+        assert sorted(map(str, a)) == sorted(map(str, b)), (
+            f"{path}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"
+        )
         bs = {str(k): v for k, v in b.items()}
         for k, v in a.items():
             assert_same(v, bs[str(k)], f"{path}.{k}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: {b!r} != {a!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -56,8 +60,16 @@ def rich_state_dict() -> dict[str, Any]:
             "channels_last": torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
         },
         "optim": {
-            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(6, 8), "exp_avg_sq": torch.full((6, 8), 0.5)}},
-            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}],
+            "state": {
+                0: {
+                    "step": torch.tensor(3.0),
+                    "exp_avg": torch.ones(6, 8),
+                    "exp_avg_sq": torch.full((6, 8), 0.5),
+                }
+            },
+            "param_groups": [
+                {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}
+            ],
         },
         "step": 12,
         "name": "run-7",

@@ -14,7 +14,7 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from .._io import FileRange, copy_range, crc32
 from ..errors import CorruptCheckpointError
@@ -54,7 +54,7 @@ class FileView(io.RawIOBase):
         self._pos = max(0, base + pos)
         return self._pos
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+    def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self._length - self._pos))
         if n == 0:
@@ -76,17 +76,21 @@ class ZipRecord:
     crc: int
 
 
-def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | None = None) -> dict[str, ZipRecord]:
+def read_zip_records(
+    f: IO[bytes], label: str, offset: int = 0, length: int | None = None
+) -> dict[str, ZipRecord]:
     """Parse the central directory of the archive at ``[offset, offset+length)`` of ``f``."""
     if length is None:
         f.seek(0, os.SEEK_END)
         length = f.tell() - offset
     view = FileView(f, offset, length)
     try:
-        zf = zipfile.ZipFile(view)  # type: ignore[arg-type]
+        zf = zipfile.ZipFile(view)
         infos = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, struct.error) as e:
-        raise CorruptCheckpointError(f"{label}: not a readable ZIP archive ({e}); the file may be truncated") from e
+        raise CorruptCheckpointError(
+            f"{label}: not a readable ZIP archive ({e}); the file may be truncated"
+        ) from e
     records = {}
     for info in infos:
         view.seek(info.header_offset)
@@ -96,7 +100,9 @@ def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | No
         fields = _LOCAL.unpack(head)
         data_offset = info.header_offset + _LOCAL.size + fields[9] + fields[10]
         if data_offset + info.compress_size > length:
-            raise CorruptCheckpointError(f"{label}: record {info.filename} runs past the end of the file (truncated?)")
+            raise CorruptCheckpointError(
+                f"{label}: record {info.filename} runs past the end of the file (truncated?)"
+            )
         stored = info.compress_type == zipfile.ZIP_STORED
         records[info.filename] = ZipRecord(info.filename, data_offset, info.file_size, stored, info.CRC)
     return records
@@ -143,7 +149,19 @@ class ZipWriter:
         version = 45 if zip64 else 20
         stored_size = _MAX32 if zip64 else size
         self._f.write(
-            _LOCAL.pack(0x04034B50, version, flags, 0, 0, _DOS_DATE, crc, stored_size, stored_size, len(full), len(extra))
+            _LOCAL.pack(
+                0x04034B50,
+                version,
+                flags,
+                0,
+                0,
+                _DOS_DATE,
+                crc,
+                stored_size,
+                stored_size,
+                len(full),
+                len(extra),
+            )
             + full
             + extra
         )
@@ -162,8 +180,23 @@ class ZipWriter:
             version = 45 if big else 20
             self._f.write(
                 _CENTRAL.pack(
-                    0x02014B50, version, version, flags, 0, 0, _DOS_DATE, crc, min(size, _MAX32),
-                    min(size, _MAX32), len(name), len(extra), 0, 0, 0, 0, min(offset, _MAX32),
+                    0x02014B50,
+                    version,
+                    version,
+                    flags,
+                    0,
+                    0,
+                    _DOS_DATE,
+                    crc,
+                    min(size, _MAX32),
+                    min(size, _MAX32),
+                    len(name),
+                    len(extra),
+                    0,
+                    0,
+                    0,
+                    0,
+                    min(offset, _MAX32),
                 )
                 + name
                 + extra
@@ -175,6 +208,14 @@ class ZipWriter:
             self._f.write(_EOCD64.pack(0x06064B50, 44, 45, 45, 0, 0, count, count, cd_size, cd_start))
             self._f.write(_LOCATOR.pack(0x07064B50, 0, cd_end, 1))
         self._f.write(
-            _EOCD.pack(0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF), min(cd_size, _MAX32),
-                       min(cd_start, _MAX32), 0)
+            _EOCD.pack(
+                0x06054B50,
+                0,
+                0,
+                min(count, 0xFFFF),
+                min(count, 0xFFFF),
+                min(cd_size, _MAX32),
+                min(cd_start, _MAX32),
+                0,
+            )
         )

@@ -111,7 +111,9 @@ def _open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> _Chunk:
     return _Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name, rec.size, rec.crc)
 
 
-def _contiguous_span(size: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> tuple[int, int] | None:
+def _contiguous_span(
+    size: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]
+) -> tuple[int, int] | None:
     """``(first element, count)`` when the box ``offsets + lengths`` of a row-major tensor of
     ``size`` is one contiguous run of elements, else None."""
     dims = len(size)
@@ -210,7 +212,9 @@ class DCPReader(FileSystemReader):
     def _info(self, item: ReadItem) -> _StorageInfo:
         info = self.storage_data.get(item.storage_index)
         if info is None:
-            raise CorruptCheckpointError(f"{self.path}: metadata has no storage entry for {item.storage_index.fqn}")
+            raise CorruptCheckpointError(
+                f"{self.path}: metadata has no storage entry for {item.storage_index.fqn}"
+            )
         return cast(_StorageInfo, info)
 
     def _read_item(self, f: IO[bytes], path: Path, item: ReadItem, planner: LoadPlanner) -> None:
@@ -233,7 +237,9 @@ class DCPReader(FileSystemReader):
         chunk = _open_chunk(source, offset, length, label)
         target = planner.resolve_tensor(item).detach()
         if list(target.size()) != list(item.lengths):
-            raise CorruptCheckpointError(f"{label}: request {list(item.lengths)} does not fit target {list(target.size())}")
+            raise CorruptCheckpointError(
+                f"{label}: request {list(item.lengths)} does not fit target {list(target.size())}"
+            )
         src = chunk.tensor
         span = None
         if (
@@ -246,7 +252,7 @@ class DCPReader(FileSystemReader):
         ):
             span = _contiguous_span(src.size(), item.storage_offsets, item.lengths)
         if span is not None:
-            start = chunk.data_offset + (src.storage_offset() + span[0]) * src.element_size()
+            start = chunk.data_offset + int(src.storage_offset() + span[0]) * src.element_size()
             read_exact(source, start, tensor_buffer(target), label)
             self.bytes_read += target.numel() * target.element_size()
         else:
@@ -259,7 +265,9 @@ class DCPReader(FileSystemReader):
             if chunk.big_endian:
                 buf = swap_bytes(buf, src.dtype)
             self.bytes_read += nbytes
-            full = torch.empty(0, dtype=src.dtype).set_(buf.untyped_storage(), src.storage_offset(), src.size(), src.stride())
+            full = torch.empty(0, dtype=src.dtype).set_(
+                buf.untyped_storage(), src.storage_offset(), src.size(), src.stride()
+            )
             target.copy_(narrow_tensor_by_index(full, item.storage_offsets, item.lengths))
         planner.commit_tensor(item, target)
 
@@ -281,7 +289,9 @@ class DCPWriter(FileSystemWriter):
         sync_files: bool = True,
         overwrite: bool = False,
     ) -> None:
-        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite)
+        super().__init__(
+            path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite
+        )
         self.on_item = on_item
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -298,7 +308,9 @@ class DCPWriter(FileSystemWriter):
         fut.set_result(results)
         return fut
 
-    def _write_file(self, path: Path, file_name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
+    def _write_file(
+        self, path: Path, file_name: str, items: list[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
         resolve_range = getattr(planner, "resolve_range", None)
 
         def produce(item: WriteItem) -> Any:
@@ -330,7 +342,11 @@ class DCPWriter(FileSystemWriter):
                     save_tensor(f, tensor, tensor, crc=crc)
                 length = f.tell() - offset
                 results.append(
-                    WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(file_name, offset, length))
+                    WriteResult(
+                        index=item.index,
+                        size_in_bytes=length,
+                        storage_data=_StorageInfo(file_name, offset, length),
+                    )
                 )
                 if self.on_item is not None:
                     self.on_item(length, item.index.fqn)

@@ -70,7 +70,9 @@ class TorchSaveFile:
         records = read_zip_records(self._f, self.label)
         pickles = [name for name in records if name.endswith("/data.pkl") and name.count("/") == 1]
         if len(pickles) != 1:
-            raise CorruptCheckpointError(f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file")
+            raise CorruptCheckpointError(
+                f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file"
+            )
         prefix = pickles[0][: -len("data.pkl")]
         order = records.get(prefix + "byteorder")
         if order is not None:
@@ -84,7 +86,7 @@ class TorchSaveFile:
                 raise CorruptCheckpointError(f"{self.label}: storage record data/{key} is missing")
             if rec.size < ref.nbytes:
                 raise CorruptCheckpointError(
-                    f"{self.label}: storage record data/{key} holds {rec.size} bytes, the pickle needs {ref.nbytes}"
+                    f"{self.label}: storage record data/{key} holds {rec.size} bytes, needs {ref.nbytes}"
                 )
             self._locations[key] = (rec.data_offset, rec.size, rec.crc)
             if not rec.stored:
@@ -148,7 +150,13 @@ class TorchSaveFile:
             return None
         offset, size, crc = self._locations[ref.key]
         nbytes = t.numel() * t.element_size()
-        if crc is None or size != nbytes or ref.nbytes != nbytes or t.storage_offset() or not t.is_contiguous():
+        if (
+            crc is None
+            or size != nbytes
+            or ref.nbytes != nbytes
+            or t.storage_offset()
+            or not t.is_contiguous()
+        ):
             return None
         return FileRange(self._f.fileno(), offset, nbytes, crc)
 
@@ -161,7 +169,7 @@ class TorchSaveFile:
             with zipfile.ZipFile(self._f) as zf, zf.open(self._compressed[ref.key]) as member:
                 view = tensor_buffer(buf)
                 while len(view):
-                    got = member.readinto(view)
+                    got = member.readinto(view)  # type: ignore[attr-defined]
                     if not got:
                         raise CorruptCheckpointError(f"{self.label}: storage {ref.key} is truncated")
                     view = view[got:]
@@ -265,7 +273,7 @@ class TorchSaveWriter:
                     key = keys.setdefault(("p", id(o)), str(len(keys)))
                     order.append((key, o))
                 marker = _StorageMarker(key, o.dtype, o.numel())
-                args = (marker, 0, tuple(o.size()), o.stride(), False, OrderedDict())
+                args: tuple[Any, ...] = (marker, 0, tuple(o.size()), o.stride(), False, OrderedDict())
                 if _legacy_storage_type(o.dtype) is None:
                     return (torch._utils._rebuild_tensor_v3, (*args, o.dtype))
                 return (torch._utils._rebuild_tensor_v2, args)
@@ -301,7 +309,12 @@ class TorchSaveWriter:
 
 
 def save_tensor(
-    f: BinaryIO, like: torch.Tensor, data: torch.Tensor | FileRange, *, crc: int | None = None, label: str = ""
+    f: BinaryIO,
+    like: torch.Tensor,
+    data: torch.Tensor | FileRange,
+    *,
+    crc: int | None = None,
+    label: str = "",
 ) -> None:
     """What ``torch.save(tensor, f)`` writes for a contiguous tensor shaped like ``like`` -- the
     archive DCP stores for each tensor chunk -- with its bytes from a contiguous CPU tensor (and

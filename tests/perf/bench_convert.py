@@ -3,7 +3,8 @@
 Makes a synthetic llama-like checkpoint (bf16 matrices, fp32 norms, ~110 tensors) of ``--size``
 bytes, then, alternating the contenders round by round, runs each conversion in a fresh process
 and records its wall time (around the conversion call, excluding interpreter start-up) and peak
-RSS (the process's ``VmHWM``; ``ru_maxrss`` would inherit the parent's peak across fork). ``cp SRC DST && sync DST`` of the same bytes is the yardstick. Prints a table with ratios.
+RSS (the process's ``VmHWM``; ``ru_maxrss`` would inherit the parent's peak across fork).
+``cp SRC DST && sync DST`` of the same bytes is the yardstick. Prints a table with ratios.
 
     python tests/perf/bench_convert.py --size 2GiB --rounds 3
 """
@@ -50,8 +51,9 @@ def parse_size(text: str) -> int:
 
 
 def run_python(mode: str, src: Path, dst: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(src), str(dst)], check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, mode, str(src), str(dst)], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -79,7 +81,6 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-
     from dcpstudio.core.demo import llama_like_state_dict
     from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
 
@@ -94,13 +95,16 @@ def main() -> int:
     del sd
     torch_save_to_dcp(src_pt, src_dcp)  # the DCP source is written by torch itself
     actual = src_pt.stat().st_size
-    print(f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, largest {largest / 2**20:.1f} MiB, in {work}")
+    print(
+        f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, "
+        f"largest {largest / 2**20:.1f} MiB, in {work}"
+    )
 
     directions = {"to_dcp": src_pt, "to_torch": src_dcp}
     contenders = ["ours", "cp"] + ([] if args.skip_torch else ["torch"])
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for r in range(args.rounds):
-        order = contenders[r % len(contenders):] + contenders[: r % len(contenders)]
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for direction, src in directions.items():
             for who in order:
                 dst = work / f"out_{direction}_{who}"
