@@ -54,7 +54,7 @@ class ConversionResult:
 def _unwrap(error: CheckpointException) -> BaseException:
     """DCP wraps every exception raised by a planner or storage layer; give back the original."""
     for failure in error.failures.values():
-        inner = getattr(failure, "exc", None)
+        inner = failure[0] if isinstance(failure, tuple) and failure else getattr(failure, "exc", None)
         if isinstance(inner, BaseException):
             return inner
     return error

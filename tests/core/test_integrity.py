@@ -1,0 +1,209 @@
+"""Bad input gets a one-line domain error; nothing is left behind; destinations are protected."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcpstudio.core import (
+    CancelledError,
+    CancelToken,
+    CorruptCheckpointError,
+    DCPStudioError,
+    DestinationExistsError,
+    UnsupportedFormatError,
+    convert,
+    dcp_to_torch_save,
+    detect_format,
+    read_metadata,
+    torch_save_to_dcp,
+)
+from tests.conftest import assert_same, leftovers, rich_state_dict
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_garbage_and_empty_inputs(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(os.urandom(4096).replace(b"\x80", b"\x00").replace(b"PK", b"pk"))
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    for path in (garbage, empty, tmp_path / "missing.pt", tmp_path):
+        with pytest.raises(UnsupportedFormatError) as info:
+            convert(path, tmp_path / "out")
+        assert str(path) in _one_line(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cut", [0.02, 0.3, 0.6, 0.98])
+def test_truncated_torch_save(rich_pt: Path, tmp_path: Path, cut: float) -> None:
+    data = rich_pt.read_bytes()
+    bad = tmp_path / "cut.pt"
+    bad.write_bytes(data[: int(len(data) * cut)])
+    with pytest.raises(DCPStudioError) as info:
+        torch_save_to_dcp(bad, tmp_path / "out")
+    assert "cut.pt" in _one_line(info.value)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_storage_record_shorter_than_its_tensor(tmp_path: Path) -> None:
+    """A ZIP whose central directory is intact but whose data record was emptied."""
+    import zipfile
+
+    src = tmp_path / "a.pt"
+    torch.save({"w": torch.ones(1000)}, src)
+    bad = tmp_path / "bad.pt"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, b"" if info.filename.endswith("data/0") else zin.read(info))
+    with pytest.raises(CorruptCheckpointError, match="data/0"):
+        torch_save_to_dcp(bad, tmp_path / "out")
+
+
+def test_truncated_and_missing_dcp_data(rich_pt: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    torch_save_to_dcp(rich_pt, ckpt)
+    (data_file,) = ckpt.glob("*.distcp")
+    original = data_file.read_bytes()
+    data_file.write_bytes(original[: len(original) // 2])
+    with pytest.raises(CorruptCheckpointError) as info:
+        dcp_to_torch_save(ckpt, tmp_path / "out.pt")
+    assert data_file.name in _one_line(info.value)
+    data_file.unlink()
+    with pytest.raises(CorruptCheckpointError, match="cannot open DCP data file"):
+        dcp_to_torch_save(ckpt, tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists() and leftovers(tmp_path) == []
+
+
+def test_damaged_or_missing_metadata(rich_pt: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    torch_save_to_dcp(rich_pt, ckpt)
+    md = ckpt / ".metadata"
+    md.write_bytes(md.read_bytes()[:100])
+    with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
+        read_metadata(ckpt)
+    md.unlink()
+    with pytest.raises(CorruptCheckpointError, match="no .metadata"):
+        detect_format(ckpt)
+
+
+def test_existing_destination_is_never_overwritten_silently(rich_pt: Path, tmp_path: Path) -> None:
+    dst_dir = tmp_path / "dcp"
+    dst_dir.mkdir()
+    (dst_dir / "keep.txt").write_text("precious")
+    with pytest.raises(DestinationExistsError, match="--overwrite"):
+        torch_save_to_dcp(rich_pt, dst_dir)
+    assert (dst_dir / "keep.txt").read_text() == "precious"
+
+    torch_save_to_dcp(rich_pt, dst_dir, overwrite=True)
+    assert not (dst_dir / "keep.txt").exists() and (dst_dir / ".metadata").is_file()
+
+    dst_file = tmp_path / "out.pt"
+    dst_file.write_bytes(b"precious")
+    with pytest.raises(DestinationExistsError):
+        dcp_to_torch_save(dst_dir, dst_file)
+    assert dst_file.read_bytes() == b"precious"
+    dcp_to_torch_save(dst_dir, dst_file, overwrite=True)
+    assert_same(rich_state_dict(), torch.load(dst_file, weights_only=True))
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("direction", ["to_dcp", "to_torch"])
+@pytest.mark.parametrize("after", [0, 1, 5])
+def test_cancel_midway_leaves_nothing(tmp_path: Path, direction: str, after: int) -> None:
+    from dcpstudio.core.demo import llama_like_state_dict
+
+    src = tmp_path / "src.pt"
+    torch.save(llama_like_state_dict(4 << 20), src)
+    if direction == "to_torch":
+        torch_save_to_dcp(src, tmp_path / "src_dcp")
+        src = tmp_path / "src_dcp"
+    token = CancelToken()
+    calls = []
+
+    def progress(p: object) -> None:
+        calls.append(p)
+        if len(calls) > after:
+            token.cancel()
+
+    dst = tmp_path / "out"
+    with pytest.raises(CancelledError):
+        convert(src, dst, progress=progress, cancel=token)
+    assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_cancel_keeps_existing_destination(rich_pt: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out.pt"
+    dst.write_bytes(b"previous")
+    torch_save_to_dcp(rich_pt, tmp_path / "d")
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(CancelledError):
+        dcp_to_torch_save(tmp_path / "d", dst, overwrite=True, cancel=token)
+    assert dst.read_bytes() == b"previous"
+
+
+def test_include_exclude(rich_pt: Path, tmp_path: Path) -> None:
+    torch_save_to_dcp(rich_pt, tmp_path / "d", exclude=r"^optim\.")
+    keys = set(read_metadata(tmp_path / "d").state_dict_metadata)
+    assert not any(k.startswith("optim.") for k in keys) and "model.w" in keys and "step" in keys
+
+    dcp_to_torch_save(tmp_path / "d", tmp_path / "m.pt", include=r"^model\.", exclude="bf16|f8")
+    got = torch.load(tmp_path / "m.pt", weights_only=True)
+    expected = {k: v for k, v in rich_state_dict()["model"].items() if k not in ("bf16", "f8")}
+    assert_same({"model": expected}, got)
+
+    with pytest.raises(ValueError, match="invalid name pattern"):
+        torch_save_to_dcp(rich_pt, tmp_path / "e", include="(")
+
+
+def test_destination_inside_source_is_refused(rich_pt: Path, tmp_path: Path) -> None:
+    torch_save_to_dcp(rich_pt, tmp_path / "d")
+    with pytest.raises(DCPStudioError, match="inside"):
+        dcp_to_torch_save(tmp_path / "d", tmp_path / "d" / "x.pt")
+
+
+def test_unwritable_destination(rich_pt: Path, tmp_path: Path) -> None:
+    with pytest.raises(DCPStudioError, match="does not exist"):
+        torch_save_to_dcp(rich_pt, tmp_path / "no" / "such" / "dir")
+
+
+def test_non_dict_torch_save_is_explained(tmp_path: Path) -> None:
+    src = tmp_path / "t.pt"
+    torch.save(torch.ones(3), src)
+    with pytest.raises(UnsupportedFormatError, match="holds a Tensor"):
+        torch_save_to_dcp(src, tmp_path / "out")
+
+
+def test_stale_temporaries_of_killed_runs_are_cleaned(rich_pt: Path, tmp_path: Path) -> None:
+    stale = tmp_path / ".out.dcpstudio-tmp-999999999-abcd1234"
+    (stale / "out").mkdir(parents=True)
+    torch_save_to_dcp(rich_pt, tmp_path / "out")
+    assert not stale.exists() and leftovers(tmp_path) == []
+
+
+def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dcpstudio.core.formats import _zip
+
+    real = _zip.ZipWriter.write
+    calls = {"n": 0}
+
+    def failing(self: _zip.ZipWriter, name: str, data: object, crc: int | None = None) -> None:
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise OSError(28, "No space left on device")
+        real(self, name, data, crc)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_zip.ZipWriter, "write", failing)
+    with pytest.raises(DCPStudioError, match="No space left on device"):
+        torch_save_to_dcp(rich_pt, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
