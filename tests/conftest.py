@@ -91,3 +91,13 @@ def rich_pt(tmp_path: Path) -> Path:
 def leftovers(directory: Path) -> list[str]:
     """Hidden temporaries our atomic writer might have left."""
     return sorted(p.name for p in directory.iterdir() if ".dcpstudio-tmp-" in p.name)
+
+
+@pytest.fixture(scope="session")
+def multirank_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DCP checkpoint written by torch's dcp.save from 3 gloo ranks (see tests/_ranks.py)."""
+    from tests import _ranks
+
+    out = tmp_path_factory.mktemp("multirank") / "ckpt"
+    _ranks.save_multirank(out, world=3)
+    return out

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from dcpstudio.core import dcp_to_torch_save, read_metadata, torch_save_to_dcp
 from torch.distributed.checkpoint import format_utils
 
 from tests import _ranks
 from tests.conftest import assert_same
-
-
-@pytest.fixture(scope="module")
-def multirank_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("multirank") / "ckpt"
-    _ranks.save_multirank(out, world=3)
-    return out
 
 
 def test_saved_by_three_ranks(multirank_dcp: Path) -> None:
