@@ -102,3 +102,29 @@ def test_demo_writes_and_round_trips(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["demo", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "identical" in out and (tmp_path / "demo_dcp" / ".metadata").is_file()
+
+
+class _Tty:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    from dcpstudio.cli import TerminalProgress
+    from dcpstudio.core import Progress
+
+    tty = _Tty()
+    bar = TerminalProgress(tty, interval=0.0)  # type: ignore[arg-type]
+    bar(Progress(512 << 20, 1 << 30, 3, 10, "model.layers.3.w"))
+    bar(Progress(1 << 30, 1 << 30, 10, 10, "model.norm"))
+    bar.close()
+    assert " 50.0% 512.0 MiB/1.0 GiB" in tty.text and "100.0%" in tty.text and tty.text.endswith("\n")

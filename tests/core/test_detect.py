@@ -1,0 +1,44 @@
+"""Formats are recognised by content, whatever the file is called."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dcpstudio.core import UnsupportedFormatError, convert, detect_format, torch_save_to_dcp
+
+
+def test_detects_each_format_by_content(rich_pt: Path, tmp_path: Path) -> None:
+    renamed = tmp_path / "weights.safetensors"  # a torch.save file with a misleading name
+    renamed.write_bytes(rich_pt.read_bytes())
+    assert detect_format(renamed) == "torch"
+
+    legacy = tmp_path / "legacy.bin"
+    torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    assert detect_format(legacy) == "torch"
+
+    st = tmp_path / "model.pt"  # a safetensors file named like a torch.save file
+    save_file({"w": torch.ones(2)}, st)
+    assert detect_format(st) == "safetensors"
+
+    torch_save_to_dcp(rich_pt, tmp_path / "d")
+    assert detect_format(tmp_path / "d") == "dcp"
+
+
+def test_safetensors_conversion_is_refused_clearly(tmp_path: Path) -> None:
+    st = tmp_path / "m.safetensors"
+    save_file({"w": torch.ones(2)}, st)
+    with pytest.raises(UnsupportedFormatError, match="safetensors"):
+        convert(st, tmp_path / "out")
+
+
+def test_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:
+    import pickle
+
+    p = tmp_path / "x.pkl"
+    p.write_bytes(pickle.dumps({"a": 1}, protocol=2))
+    with pytest.raises(UnsupportedFormatError, match="not a torch.save file"):
+        torch_save_to_dcp(p, tmp_path / "out")
