@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from dcpstudio.core import dcp_to_torch_save, torch_save_to_dcp
 from torch.distributed.checkpoint import format_utils
 
+from dcpstudio.core import dcp_to_torch_save, torch_save_to_dcp
 from tests.conftest import assert_same, rich_state_dict
 
 

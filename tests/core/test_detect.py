@@ -40,5 +40,5 @@ def test_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:
 
     p = tmp_path / "x.pkl"
     p.write_bytes(pickle.dumps({"a": 1}, protocol=2))
-    with pytest.raises(UnsupportedFormatError, match="not a torch.save file"):
+    with pytest.raises(UnsupportedFormatError, match=r"not a torch\.save file"):
         torch_save_to_dcp(p, tmp_path / "out")

@@ -91,7 +91,7 @@ def test_damaged_or_missing_metadata(rich_pt: Path, tmp_path: Path) -> None:
     with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
         read_metadata(ckpt)
     md.unlink()
-    with pytest.raises(CorruptCheckpointError, match="no .metadata"):
+    with pytest.raises(CorruptCheckpointError, match=r"no \.metadata"):
         detect_format(ckpt)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from dcpstudio.core import dcp_to_torch_save, read_metadata, torch_save_to_dcp
 from torch.distributed.checkpoint import format_utils
 
+from dcpstudio.core import dcp_to_torch_save, read_metadata, torch_save_to_dcp
 from tests import _ranks
 from tests.conftest import assert_same
 

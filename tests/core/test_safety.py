@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
 from dcpstudio.core import (
     DCPReader,
     UnsafePickleError,
@@ -17,8 +19,6 @@ from dcpstudio.core import (
     torch_save_to_dcp,
 )
 from dcpstudio.core.convert import _unwrap
-from torch.distributed.checkpoint.api import CheckpointException
-
 from tests.conftest import assert_same, leftovers
 
 

@@ -81,8 +81,9 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from dcpstudio.core.demo import llama_like_state_dict
     from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+
+    from dcpstudio.core.demo import llama_like_state_dict
 
     size = parse_size(args.size)
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcpstudio-bench-"))
