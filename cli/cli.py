@@ -144,9 +144,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if same else EXIT_ERROR
 
 
-def _show_warning(
-    message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
-) -> None:
+def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
     print(f"dcpstudio: warning: {message}", file=sys.stderr)
 
 

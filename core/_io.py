@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import io
 import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -13,7 +15,16 @@ import torch
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["FileRange", "copy_range", "crc32", "read_exact", "swap_bytes", "tensor_buffer"]
+__all__ = [
+    "FileRange",
+    "contiguous_span",
+    "copy_range",
+    "crc32",
+    "read_box",
+    "read_exact",
+    "swap_bytes",
+    "tensor_buffer",
+]
 
 
 def tensor_buffer(t: torch.Tensor) -> memoryview:
@@ -27,16 +38,26 @@ def tensor_buffer(t: torch.Tensor) -> memoryview:
 
 
 def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
-    """Fill ``out`` from ``f`` at ``offset``; a short read means the file is truncated."""
-    f.seek(offset)
+    """Fill ``out`` from ``f`` at ``offset``; a short read means the file is truncated.
+
+    Real files are read with ``preadv``, which does not move the file position, so threads may
+    share one open file (the window reads previews while a worker converts)."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        fd = -1
     view = out
+    pos = offset
+    if fd < 0:
+        f.seek(offset)
     while len(view):
-        got = f.readinto(view)  # type: ignore[attr-defined]
+        got = os.preadv(fd, [view], pos) if fd >= 0 else f.readinto(view)  # type: ignore[attr-defined]
         if not got:
             raise CorruptCheckpointError(
                 f"{label}: expected {len(out)} bytes at offset {offset}, the file ends early (truncated?)"
             )
         view = view[got:]
+        pos += got
 
 
 def swap_bytes(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -99,3 +120,55 @@ def copy_range(src: FileRange, dst_fd: int, label: str) -> None:
             raise CorruptCheckpointError(f"{label}: the file ends {left} bytes early (truncated?)")
         offset += n
         left -= n
+
+
+def contiguous_span(size: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> tuple[int, int] | None:
+    """``(first element, count)`` when the box ``offsets + lengths`` of a row-major tensor of
+    ``size`` is one contiguous run of elements, else None."""
+    dims = len(size)
+    k = 0
+    while k < dims and lengths[k] == 1:
+        k += 1
+    if any(offsets[j] != 0 or lengths[j] != size[j] for j in range(k + 1, dims)):
+        return None
+    start = 0
+    for j in range(dims):
+        start = start * size[j] + offsets[j]
+    count = 1
+    for n in lengths:
+        count *= n
+    return start, count
+
+
+def read_box(
+    f: IO[bytes],
+    data_offset: int,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    label: str,
+) -> torch.Tensor:
+    """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``.
+
+    One read when the box is a contiguous run; otherwise the run of whole leading-dimension
+    slices that covers it is read and narrowed, so memory stays proportional to the box's rows.
+    """
+    out = torch.empty(tuple(sizes), dtype=dtype)
+    if out.numel() == 0:
+        return out
+    itemsize = dtype.itemsize
+    span = contiguous_span(shape, offsets, sizes)
+    if span is not None:
+        read_exact(f, data_offset + span[0] * itemsize, tensor_buffer(out), label)
+        return out
+    row = 1
+    for s in shape[1:]:
+        row *= s
+    block = torch.empty((sizes[0], *shape[1:]), dtype=dtype)
+    read_exact(f, data_offset + offsets[0] * row * itemsize, tensor_buffer(block), label)
+    view = block
+    for dim in range(1, len(shape)):
+        view = view.narrow(dim, offsets[dim], sizes[dim])
+    out.copy_(view)
+    return out

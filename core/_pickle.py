@@ -35,7 +35,15 @@ from torch.distributed.checkpoint import metadata as _dcp_md
 
 from .errors import CorruptCheckpointError, UnsafePickleError
 
-__all__ = ["LazyStorages", "MetadataUnpickler", "StorageRef", "load_metadata_pickle", "load_torch_pickle"]
+__all__ = [
+    "LazyStorages",
+    "LightRecord",
+    "MetadataUnpickler",
+    "StorageRef",
+    "load_light_metadata",
+    "load_metadata_pickle",
+    "load_torch_pickle",
+]
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,52 @@ def load_metadata_pickle(data: bytes, label: str, *, trust: bool = False) -> Any
     try:
         with _gc_paused():
             return unpickler.load()
+    except UnsafePickleError:
+        raise
+    except (pickle.UnpicklingError, *_CORRUPT_ERRORS) as e:
+        raise CorruptCheckpointError(f"{label}: damaged metadata pickle ({type(e).__name__}: {e})") from e
+
+
+class LightRecord:
+    """Stands in for one of DCP's metadata dataclasses when metadata is only read, not used to
+    plan a load: no dataclass machinery, no ``torch.Size`` objects. Opening a ``.metadata`` that
+    lists 100,000 tensors this way takes well under half the time of torch's own classes."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__dict__})"
+
+
+class LightProperties(LightRecord):
+    """``TensorProperties`` pickles its fields as a tuple: (dtype, layout, requires_grad, ...)."""
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.dtype, self.layout, self.requires_grad = state[0], state[1], state[2]
+
+
+_LIGHT: dict[tuple[str, str], Any] = {
+    key: type(key[1], (LightRecord,), {"__module__": __name__}) for key in _DCP_CLASSES
+}
+_LIGHT[("torch.distributed.checkpoint.metadata", "TensorProperties")] = LightProperties
+_LIGHT[("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")] = int
+_LIGHT[("torch", "Size")] = tuple
+
+
+class LightMetadataUnpickler(MetadataUnpickler):
+    """The same allow-list as :class:`MetadataUnpickler`, resolved to :class:`LightRecord` types."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        light = _LIGHT.get((module, name))
+        return light if light is not None else super().find_class(module, name)
+
+
+def load_light_metadata(data: bytes, label: str) -> Any:
+    """Unpickle a DCP ``.metadata`` into :class:`LightRecord` objects (restricted, GC paused)."""
+    try:
+        with _gc_paused():
+            return LightMetadataUnpickler(io.BytesIO(data), label).load()
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, *_CORRUPT_ERRORS) as e:

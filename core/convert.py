@@ -67,9 +67,7 @@ def _check_paths(src: Path, dst: Path) -> None:
 
 
 def _io_error(dst: Path, e: OSError) -> DCPStudioError:
-    return DCPStudioError(
-        f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
-    )
+    return DCPStudioError(f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
 
 
 def torch_save_to_dcp(
@@ -265,9 +263,7 @@ def convert(
         raise UnsupportedFormatError(f"{src}: reading safetensors is not supported by this version")
     target = to or ("torch" if fmt == "dcp" else "dcp")
     if target == fmt:
-        raise UnsupportedFormatError(
-            f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}"
-        )
+        raise UnsupportedFormatError(f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}")
     if target == "dcp":
         return torch_save_to_dcp(src, dst, **options)
     if target == "torch":

@@ -53,9 +53,7 @@ def safe_torch_load(data: io.BytesIO, label: str, *, trust: bool = False) -> Any
             raise UnsafePickleError(_unsafe_message(label, e)) from e
         raise CorruptCheckpointError(f"{label}: damaged pickle ({e})") from e
     except (RuntimeError, EOFError, ValueError, KeyError, AttributeError, ImportError, TypeError) as e:
-        raise CorruptCheckpointError(
-            f"{label}: damaged value ({type(e).__name__}: {str(e).splitlines()[0]})"
-        ) from e
+        raise CorruptCheckpointError(f"{label}: damaged value ({type(e).__name__}: {str(e).splitlines()[0]})") from e
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -83,7 +83,5 @@ class Reporter:
         self.done_bytes += nbytes
         self.done_items += items
         if self._progress is not None:
-            self._progress(
-                Progress(self.done_bytes, self.total_bytes, self.done_items, self.total_items, current)
-            )
+            self._progress(Progress(self.done_bytes, self.total_bytes, self.done_items, self.total_items, current))
         self.check()

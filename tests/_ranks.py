@@ -56,9 +56,7 @@ def _save_worker(rank: int, world: int, port: int, out: str) -> None:
         placements = {"shard0": [Shard(0)], "shard1": [Shard(1)], "replicate": [Replicate()]}
         sd = expected_state_dict()
         for name, (_, _, layout) in SHAPES.items():
-            sd["model"][name.split(".", 1)[1]] = distribute_tensor(
-                full_tensor(name), mesh, placements[layout]
-            )
+            sd["model"][name.split(".", 1)[1]] = distribute_tensor(full_tensor(name), mesh, placements[layout])
         dcp.save(sd, checkpoint_id=out)
     finally:
         dist.destroy_process_group()

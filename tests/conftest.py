@@ -18,9 +18,7 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
         assert isinstance(b, torch.Tensor), f"{path}: {type(b).__name__} instead of a tensor"
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), (
-            f"{path}: values differ"
-        )
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{path}: values differ"
     elif isinstance(a, dict):
         assert isinstance(b, dict), f"{path}: {type(b).__name__} instead of a dict"
         assert sorted(map(str, a)) == sorted(map(str, b)), (
@@ -67,9 +65,7 @@ def rich_state_dict() -> dict[str, Any]:
                     "exp_avg_sq": torch.full((6, 8), 0.5),
                 }
             },
-            "param_groups": [
-                {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}
-            ],
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}],
         },
         "step": 12,
         "name": "run-7",

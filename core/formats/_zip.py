@@ -76,9 +76,7 @@ class ZipRecord:
     crc: int
 
 
-def read_zip_records(
-    f: IO[bytes], label: str, offset: int = 0, length: int | None = None
-) -> dict[str, ZipRecord]:
+def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | None = None) -> dict[str, ZipRecord]:
     """Parse the central directory of the archive at ``[offset, offset+length)`` of ``f``."""
     if length is None:
         f.seek(0, os.SEEK_END)
@@ -88,9 +86,7 @@ def read_zip_records(
         zf = zipfile.ZipFile(view)
         infos = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, struct.error) as e:
-        raise CorruptCheckpointError(
-            f"{label}: not a readable ZIP archive ({e}); the file may be truncated"
-        ) from e
+        raise CorruptCheckpointError(f"{label}: not a readable ZIP archive ({e}); the file may be truncated") from e
     records = {}
     for info in infos:
         view.seek(info.header_offset)
@@ -100,9 +96,7 @@ def read_zip_records(
         fields = _LOCAL.unpack(head)
         data_offset = info.header_offset + _LOCAL.size + fields[9] + fields[10]
         if data_offset + info.compress_size > length:
-            raise CorruptCheckpointError(
-                f"{label}: record {info.filename} runs past the end of the file (truncated?)"
-            )
+            raise CorruptCheckpointError(f"{label}: record {info.filename} runs past the end of the file (truncated?)")
         stored = info.compress_type == zipfile.ZIP_STORED
         records[info.filename] = ZipRecord(info.filename, data_offset, info.file_size, stored, info.CRC)
     return records

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._io import FileRange, crc32, read_exact, swap_bytes, tensor_buffer
+from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
 from .._pickle import LazyStorages, load_metadata_pickle, load_torch_pickle
 from .._pipeline import prefetch
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -109,26 +109,6 @@ def _open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> _Chunk:
         read_exact(f, offset + order.data_offset, memoryview(mark), label)
         big = bytes(mark) == b"big"
     return _Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name, rec.size, rec.crc)
-
-
-def _contiguous_span(
-    size: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]
-) -> tuple[int, int] | None:
-    """``(first element, count)`` when the box ``offsets + lengths`` of a row-major tensor of
-    ``size`` is one contiguous run of elements, else None."""
-    dims = len(size)
-    k = 0
-    while k < dims and lengths[k] == 1:
-        k += 1
-    if any(offsets[j] != 0 or lengths[j] != size[j] for j in range(k + 1, dims)):
-        return None
-    start = 0
-    for j in range(dims):
-        start = start * size[j] + offsets[j]
-    count = 1
-    for n in lengths:
-        count *= n
-    return start, count
 
 
 class DCPReader(FileSystemReader):
@@ -212,9 +192,7 @@ class DCPReader(FileSystemReader):
     def _info(self, item: ReadItem) -> _StorageInfo:
         info = self.storage_data.get(item.storage_index)
         if info is None:
-            raise CorruptCheckpointError(
-                f"{self.path}: metadata has no storage entry for {item.storage_index.fqn}"
-            )
+            raise CorruptCheckpointError(f"{self.path}: metadata has no storage entry for {item.storage_index.fqn}")
         return cast(_StorageInfo, info)
 
     def _read_item(self, f: IO[bytes], path: Path, item: ReadItem, planner: LoadPlanner) -> None:
@@ -250,7 +228,7 @@ class DCPReader(FileSystemReader):
             and target.dtype == src.dtype
             and target.device.type == "cpu"
         ):
-            span = _contiguous_span(src.size(), item.storage_offsets, item.lengths)
+            span = contiguous_span(src.size(), item.storage_offsets, item.lengths)
         if span is not None:
             start = chunk.data_offset + int(src.storage_offset() + span[0]) * src.element_size()
             read_exact(source, start, tensor_buffer(target), label)
@@ -289,9 +267,7 @@ class DCPWriter(FileSystemWriter):
         sync_files: bool = True,
         overwrite: bool = False,
     ) -> None:
-        super().__init__(
-            path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite
-        )
+        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite)
         self.on_item = on_item
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:

@@ -53,9 +53,7 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
     if head[:1] == b"\x80" and len(head) > 2 and head[1] in (2, 3, 4, 5):
         return "torch"
     if len(head) >= 262 and head[257:262] == b"ustar":
-        raise UnsupportedFormatError(
-            f"{p}: a pre-1.0 tar-format torch.save file; re-save it with current torch"
-        )
+        raise UnsupportedFormatError(f"{p}: a pre-1.0 tar-format torch.save file; re-save it with current torch")
     if _looks_like_safetensors(head, size):
         return "safetensors"
     if size == 0:

@@ -70,9 +70,7 @@ class TorchSaveFile:
         records = read_zip_records(self._f, self.label)
         pickles = [name for name in records if name.endswith("/data.pkl") and name.count("/") == 1]
         if len(pickles) != 1:
-            raise CorruptCheckpointError(
-                f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file"
-            )
+            raise CorruptCheckpointError(f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file")
         prefix = pickles[0][: -len("data.pkl")]
         order = records.get(prefix + "byteorder")
         if order is not None:
@@ -150,13 +148,7 @@ class TorchSaveFile:
             return None
         offset, size, crc = self._locations[ref.key]
         nbytes = t.numel() * t.element_size()
-        if (
-            crc is None
-            or size != nbytes
-            or ref.nbytes != nbytes
-            or t.storage_offset()
-            or not t.is_contiguous()
-        ):
+        if crc is None or size != nbytes or ref.nbytes != nbytes or t.storage_offset() or not t.is_contiguous():
             return None
         return FileRange(self._f.fileno(), offset, nbytes, crc)
 
@@ -188,6 +180,21 @@ class TorchSaveFile:
         buf = self.read_storage(ref)
         out = torch.empty(0, dtype=t.dtype)
         return out.set_(buf.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+    def read_contiguous(self, view: torch.Tensor) -> torch.Tensor | None:
+        """The values of a contiguous view of one of this file's tensors, reading only its bytes;
+        None when they are not in place (compressed record) or the view is not contiguous."""
+        ref = self.storages.ref_of(view)
+        if ref is None or ref.key in self._compressed or not view.is_contiguous():
+            return None
+        out = torch.empty(tuple(view.shape), dtype=view.dtype)
+        if out.numel():
+            start = self._locations[ref.key][0] + int(view.storage_offset()) * view.element_size()
+            read_exact(self._f, start, tensor_buffer(out), self.label)
+            if self._big_endian:
+                raw = swap_bytes(out.reshape(-1).view(torch.uint8), view.dtype)
+                out = raw.view(view.dtype).reshape(out.shape)
+        return out
 
     def release(self) -> None:
         """Drop the cached storage (shared storages are cached while consecutive tensors use them)."""

@@ -13,9 +13,7 @@ from dcpstudio.cli import main
 from tests.conftest import assert_same, rich_state_dict
 
 
-def test_convert_both_ways_infers_target(
-    rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_convert_both_ways_infers_target(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["convert", str(rich_pt), str(tmp_path / "d")]) == 0
     assert "wrote" in capsys.readouterr().out
     assert main(["convert", str(tmp_path / "d"), str(tmp_path / "back.pt"), "-q"]) == 0
@@ -30,9 +28,7 @@ def test_format_utils_subcommands(rich_pt: Path, tmp_path: Path) -> None:
     assert_same(rich_state_dict(), torch.load(tmp_path / "b.pt", weights_only=True))
 
 
-def test_wrong_direction_is_an_error(
-    rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_wrong_direction_is_an_error(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dcp_to_torch", str(rich_pt), str(tmp_path / "x.pt")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dcpstudio: error:") and "already a torch.save file" in err
@@ -72,9 +68,7 @@ class _Evil:
         return (print, ("payload",))
 
 
-def test_bad_regex_is_a_usage_error(
-    rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_regex_is_a_usage_error(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["convert", str(rich_pt), str(tmp_path / "o"), "--include", "("]) == 2
     assert "invalid name pattern" in capsys.readouterr().err
 
@@ -93,9 +87,7 @@ def test_entry_point_runs_as_a_program(rich_pt: Path, tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert (
-        bad.returncode == 1 and bad.stderr.startswith("dcpstudio: error:") and "Traceback" not in bad.stderr
-    )
+    assert bad.returncode == 1 and bad.stderr.startswith("dcpstudio: error:") and "Traceback" not in bad.stderr
 
 
 def test_demo_writes_and_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

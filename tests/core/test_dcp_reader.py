@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from dcpstudio.core import DCPReader, read_metadata, torch_save_to_dcp
-from dcpstudio.core.formats.dcp import _contiguous_span
+from dcpstudio.core._io import contiguous_span
 from tests import _ranks
 
 
@@ -34,9 +34,7 @@ def read_region(ckpt: Path, fqn: str, offsets: list[int], sizes: list[int]) -> t
     assert isinstance(tmd, TensorStorageMetadata)
     reader = DCPReader(ckpt)
     reader.set_up_storage_reader(md, True)
-    items = create_read_items_for_chunk_list(
-        fqn, tmd, [ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))]
-    )
+    items = create_read_items_for_chunk_list(fqn, tmd, [ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))])
     target = torch.full(sizes, -1, dtype=tmd.properties.dtype)
     reader.read_data(LoadPlan(items), _RegionPlanner(target)).wait()
     return target, reader.bytes_read
@@ -81,7 +79,7 @@ def test_contiguous_span_matches_brute_force(case: tuple[list[int], tuple[list[i
     shape, (offsets, lengths) = case
     index = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
     region = narrow_tensor_by_index(index, offsets, lengths).reshape(-1)
-    span = _contiguous_span(shape, offsets, lengths)
+    span = contiguous_span(shape, offsets, lengths)
     is_run = bool(torch.equal(region, torch.arange(int(region[0]), int(region[0]) + region.numel())))
     assert (span is not None) == is_run
     if span is not None:

@@ -190,9 +190,7 @@ def test_stale_temporaries_of_killed_runs_are_cleaned(rich_pt: Path, tmp_path: P
     assert not stale.exists() and leftovers(tmp_path) == []
 
 
-def test_failure_while_writing_leaves_nothing(
-    rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dcpstudio.core.formats import _zip
 
     real = _zip.ZipWriter.write

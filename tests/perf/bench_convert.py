@@ -96,10 +96,7 @@ def main() -> int:
     del sd
     torch_save_to_dcp(src_pt, src_dcp)  # the DCP source is written by torch itself
     actual = src_pt.stat().st_size
-    print(
-        f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, "
-        f"largest {largest / 2**20:.1f} MiB, in {work}"
-    )
+    print(f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, largest {largest / 2**20:.1f} MiB, in {work}")
 
     directions = {"to_dcp": src_pt, "to_torch": src_dcp}
     contenders = ["ours", "cp"] + ([] if args.skip_torch else ["torch"])

@@ -1,0 +1,130 @@
+"""safetensors files read in place: the JSON header gives each tensor's dtype, shape and bytes.
+
+A checkpoint is one ``.safetensors`` file, a directory of shards with
+``model.safetensors.index.json``, or that index file itself. Headers are parsed with strict
+bounds checks (a hostile header cannot make us allocate or seek outside the file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
+
+__all__ = ["DTYPES", "SafetensorsTensor", "read_safetensors_index"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "C64": torch.complex64,
+}
+for _name, _attr in (
+    ("F8_E4M3", "float8_e4m3fn"),
+    ("F8_E5M2", "float8_e5m2"),
+    ("U16", "uint16"),
+    ("U32", "uint32"),
+    ("U64", "uint64"),
+    ("F8_E8M0", "float8_e8m0fnu"),
+):
+    if hasattr(torch, _attr):
+        DTYPES[_name] = getattr(torch, _attr)
+
+_MAX_HEADER = 100 << 20
+
+
+@dataclass(frozen=True)
+class SafetensorsTensor:
+    name: str
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    data_offset: int  # absolute byte offset in ``file``
+    nbytes: int
+
+
+def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CorruptCheckpointError(f"{path}: too short for a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise CorruptCheckpointError(
+                    f"{path}: header length {n} exceeds the file (truncated or not safetensors)"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise UnsupportedFormatError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCheckpointError(f"{path}: damaged safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
+    base = 8 + n
+    meta = header.pop("__metadata__", None) or {}
+    tensors = []
+    for name, spec in header.items():
+        try:
+            dtype = DTYPES[spec["dtype"]]
+            shape = tuple(int(s) for s in spec["shape"])
+            start, end = (int(x) for x in spec["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptCheckpointError(f"{path}: bad header entry for {name!r} ({type(e).__name__}: {e})") from e
+        numel = 1
+        for s in shape:
+            if s < 0:
+                raise CorruptCheckpointError(f"{path}: negative dimension in {name!r}")
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        if not 0 <= start <= end or end - start != nbytes or base + end > size:
+            raise CorruptCheckpointError(f"{path}: data range of {name!r} is inconsistent or outside the file")
+        tensors.append(SafetensorsTensor(name, path, dtype, shape, base + start, nbytes))
+    return tensors, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
+def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[SafetensorsTensor], dict[str, Any]]:
+    """All tensors of a safetensors checkpoint (single file, sharded directory or index file)."""
+    p = Path(path)
+    files: list[Path]
+    info: dict[str, Any] = {}
+    index = p if p.is_file() and p.name.endswith(".index.json") else p / "model.safetensors.index.json"
+    if p.is_dir() or p == index:
+        root = index.parent
+        if index.is_file():
+            try:
+                data = json.loads(index.read_text())
+                files = sorted({root / f for f in data["weight_map"].values()})
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CorruptCheckpointError(f"{index}: damaged safetensors index ({e})") from e
+            info["index"] = str(index)
+        else:
+            files = sorted(root.glob("*.safetensors"))
+    else:
+        files = [p]
+    tensors: list[SafetensorsTensor] = []
+    for f in files:
+        if not f.is_file():
+            raise CorruptCheckpointError(f"{f}: listed in the index but missing")
+        found, meta = _read_header(f)
+        tensors += found
+        if meta:
+            info.setdefault("metadata", {})[f.name] = meta
+    return tensors, info
