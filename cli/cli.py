@@ -91,6 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
         _add_convert_options(p)
         p.set_defaults(to=target)
 
+    p = sub.add_parser("inspect", help="show what a checkpoint holds, without loading its tensors")
+    p.add_argument("path", help="DCP directory, torch.save file or safetensors file/directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema in dcpstudio.core.report)")
+    p.add_argument("--chunks", action="store_true", help="list each tensor's chunks with their files and bytes")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+
+    p = sub.add_parser("verify", help="compare two checkpoints of any formats (exit 0 equal, 1 different, 2 error)")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
     p = sub.add_parser("demo", help="write a demo torch.save file and DCP checkpoint, convert and check them")
     p.add_argument("--dir", help="where to write (default: the user data directory)")
     return parser
@@ -122,6 +137,44 @@ def _run_convert(args: argparse.Namespace) -> int:
             f"{_human(result.tensor_bytes)} in {seconds:.2f} s"
         )
     return EXIT_OK
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from dcpstudio.core import open_checkpoint
+    from dcpstudio.core.report import checkpoint_json, checkpoint_text
+
+    with open_checkpoint(args.path, trust_pickle=args.trust_pickle) as ckpt:
+        if args.json:
+            json.dump(checkpoint_json(ckpt, resolve_chunks=args.chunks), sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print(checkpoint_text(ckpt, chunks=args.chunks))
+    return EXIT_OK
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    import json
+
+    from dcpstudio.core import diff, open_checkpoint
+    from dcpstudio.core.report import diff_json, diff_text
+
+    bar = TerminalProgress() if not (args.quiet or args.json) else None
+    try:
+        with (
+            open_checkpoint(args.a, trust_pickle=args.trust_pickle) as a,
+            open_checkpoint(args.b, trust_pickle=args.trust_pickle) as b,
+        ):
+            report = diff(a, b, rtol=args.rtol, atol=args.atol, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(diff_json(report)))
+    else:
+        print(diff_text(report))
+    return EXIT_OK if report.equal else EXIT_ERROR
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -157,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch-to-dcp": _run_convert,
         "dcp_to_torch": _run_convert,
         "dcp-to-torch": _run_convert,
+        "inspect": _run_inspect,
+        "verify": _run_verify,
         "demo": _run_demo,
     }
     if args.command is None:
@@ -173,10 +228,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ndcpstudio: interrupted; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED
-    except (DCPStudioError, ValueError) as e:
+    except (DCPStudioError, ValueError, KeyError) as e:
         if os.environ.get("DCPSTUDIO_DEBUG"):
             raise
-        print(f"dcpstudio: error: {e}", file=sys.stderr)
+        text = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"dcpstudio: error: {text}", file=sys.stderr)
+        if args.command == "verify":  # 1 means "different" there
+            return EXIT_USAGE
         return EXIT_USAGE if isinstance(e, ValueError) else EXIT_ERROR
     except Exception as e:
         if os.environ.get("DCPSTUDIO_DEBUG"):
@@ -186,4 +244,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"dcpstudio: error: unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)",
             file=sys.stderr,
         )
-        return EXIT_ERROR
+        return EXIT_USAGE if args.command == "verify" else EXIT_ERROR

@@ -172,7 +172,8 @@ class DCPCheckpoint(Checkpoint):
         if self._index is None:
             index: dict[str, dict[tuple[int, ...], Any]] = {}
             for key, info in self._md.storage_data.items():
-                index.setdefault(key.fqn, {})[tuple(key.offset) if key.offset is not None else ()] = info
+                offset = getattr(key, "offset", None)  # absent for byte items
+                index.setdefault(key.fqn, {})[tuple(offset) if offset is not None else ()] = info
             for fqn, entry in self.entries.items():
                 if entry.kind == "bytes":
                     info = index.get(fqn, {}).get(())

@@ -1,0 +1,163 @@
+"""Checkpoint models and diff reports as JSON (a documented schema) and as readable text.
+
+JSON schema of ``dcpstudio inspect --json`` (``schema: 1``)::
+
+    {"schema": 1, "format": "dcp" | "torch" | "safetensors", "path": str,
+     "totals": {"entries": int, "tensors": int, "tensor_bytes": int,
+                "by_dtype": {dtype: {"count": int, "nbytes": int}},
+                "by_prefix": {prefix: {"count": int, "nbytes": int}}},
+     "entries": [{"fqn": str, "kind": "tensor" | "bytes" | "object",
+                  "dtype": str | null, "shape": [int] | null, "numel": int, "nbytes": int,
+                  "storage": str | null, "shared_with": [str],
+                  "chunks": [{"offsets": [int], "sizes": [int], "file": str | null,
+                              "offset": int | null, "length": int | null,
+                              "data_offset": int | null}]}]}
+
+``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
+path (its directory, for single-file checkpoints); ``offset``/``length`` is the byte range that
+stores the chunk (for DCP: the chunk's archive; otherwise the raw bytes) and ``data_offset``
+where the raw row-major element bytes begin (for DCP only with ``--chunks``, which parses each
+chunk's archive).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .diff import DiffReport
+from .inspect import Checkpoint
+from .model import Chunk, Node, dtype_name
+
+__all__ = ["checkpoint_json", "checkpoint_text", "diff_json", "diff_text", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _chunk_json(c: Chunk) -> dict[str, Any]:
+    return {
+        "offsets": list(c.offsets),
+        "sizes": list(c.sizes),
+        "file": c.file,
+        "offset": c.offset,
+        "length": c.length,
+        "data_offset": c.data_offset,
+    }
+
+
+def checkpoint_json(ckpt: Checkpoint, *, resolve_chunks: bool = False) -> dict[str, Any]:
+    entries = []
+    for fqn, e in ckpt.entries.items():
+        chunks = ckpt.resolve_chunks(fqn) if resolve_chunks else ckpt.chunks(fqn)
+        entries.append(
+            {
+                "fqn": fqn,
+                "kind": e.kind,
+                "dtype": dtype_name(e.dtype),
+                "shape": list(e.shape) if e.shape is not None else None,
+                "numel": e.numel,
+                "nbytes": e.nbytes,
+                "storage": e.storage,
+                "shared_with": list(e.shared_with),
+                "chunks": [_chunk_json(c) for c in chunks],
+            }
+        )
+    return {
+        "schema": 1,
+        "format": ckpt.format,
+        "path": str(ckpt.path),
+        "totals": {
+            "entries": len(ckpt.entries),
+            "tensors": sum(1 for e in ckpt.entries.values() if e.kind == "tensor"),
+            "tensor_bytes": ckpt.tensor_bytes,
+            "by_dtype": {k: {"count": t.count, "nbytes": t.nbytes} for k, t in ckpt.totals_by_dtype().items()},
+            "by_prefix": {k: {"count": t.count, "nbytes": t.nbytes} for k, t in ckpt.totals_by_prefix().items()},
+        },
+        "entries": entries,
+    }
+
+
+def _describe(ckpt: Checkpoint, node: Node) -> str:
+    e = node.entry
+    if e is None:
+        return ""
+    if e.kind == "tensor":
+        text = f"{dtype_name(e.dtype)} {list(e.shape or ())} {human_bytes(e.nbytes)}"
+        if e.shared_with:
+            text += f" (shares storage with {', '.join(e.shared_with)})"
+        return text
+    if e.kind == "object":
+        value = repr(e.value)
+        return f"= {value if len(value) <= 60 else value[:57] + '...'}"
+    return f"(pickled value, {human_bytes(e.nbytes)})"
+
+
+def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
+    tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
+    lines = [
+        f"{ckpt.path} ({ckpt.format}): {tensors} tensors, {len(ckpt.entries) - tensors} other values, "
+        f"{human_bytes(ckpt.tensor_bytes)}"
+    ]
+
+    def walk(node: Node, depth: int) -> None:
+        for child in node.children.values():
+            desc = _describe(ckpt, child)
+            suffix = "" if child.entry is not None and not child.children else "/"
+            pad = "  " * depth
+            lines.append(f"{pad}{child.name}{suffix}  {desc}".rstrip())
+            if chunks and child.entry is not None:
+                for c in ckpt.resolve_chunks(child.entry.fqn):
+                    where = f"{c.file} @ {c.offset} +{c.length}"
+                    if c.data_offset is not None and c.data_offset != c.offset:
+                        where += f" (data @ {c.data_offset})"
+                    lines.append(f"{pad}    chunk offsets={list(c.offsets)} sizes={list(c.sizes)} {where}")
+            walk(child, depth + 1)
+
+    walk(ckpt.tree, 1)
+    lines.append("totals by dtype:")
+    lines += [f"  {k:<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_dtype().items()]
+    lines.append("totals by prefix:")
+    lines += [f"  {k:<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_prefix().items()]
+    return "\n".join(lines)
+
+
+def diff_json(report: DiffReport) -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "a": report.a,
+        "b": report.b,
+        "equal": report.equal,
+        "compared": report.compared,
+        "only_a": report.only_a,
+        "only_b": report.only_b,
+        "kind": [{"fqn": f, "a": x, "b": y} for f, x, y in report.kind],
+        "dtype": [{"fqn": f, "a": x, "b": y} for f, x, y in report.dtype],
+        "shape": [{"fqn": f, "a": x, "b": y} for f, x, y in report.shape],
+        "values": [
+            {"fqn": v.fqn, "mismatched": v.mismatched, "count": v.count, "max_abs": v.max_abs, "max_rel": v.max_rel}
+            for v in report.values
+        ],
+        "objects": report.objects,
+    }
+
+
+def diff_text(report: DiffReport) -> str:
+    if report.equal:
+        return f"equal: {report.compared} entries compared"
+    lines = [f"different ({report.compared} entries compared):"]
+    lines += [f"  only in A: {f}" for f in report.only_a]
+    lines += [f"  only in B: {f}" for f in report.only_b]
+    lines += [f"  kind differs: {f}: {x} vs {y}" for f, x, y in report.kind]
+    lines += [f"  dtype differs: {f}: {x} vs {y}" for f, x, y in report.dtype]
+    lines += [f"  shape differs: {f}: {x} vs {y}" for f, x, y in report.shape]
+    lines += [
+        f"  values differ: {v.fqn}: {v.mismatched}/{v.count} elements, max abs {v.max_abs:.6g}, max rel {v.max_rel:.6g}"
+        for v in report.values
+    ]
+    lines += [f"  value differs: {f}" for f in report.objects]
+    return "\n".join(lines)
