@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from ._io import read_box, read_exact
-from ._pickle import load_light_metadata, load_metadata_pickle
+from ._pickle import gc_paused, load_light_metadata, load_light_metadata_head, load_metadata_pickle
 from ._tree import map_tensors
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 from .formats.dcp import METADATA_FILE, DCPReader, _open_chunk
@@ -43,6 +43,7 @@ __all__ = ["Checkpoint", "Region", "open_checkpoint"]
 
 Region = Sequence[slice]
 ROOT_KEY = "<root>"
+_HEAD_ONLY_ABOVE = 4 << 20  # .metadata sizes past which the storage index is parsed lazily
 
 
 def _box(entry: Entry, region: Region | None) -> tuple[list[int], list[int]]:
@@ -149,17 +150,25 @@ class DCPCheckpoint(Checkpoint):
         except OSError as e:
             raise CorruptCheckpointError(f"{md_path}: cannot read ({e.strerror or e})") from e
         label = str(md_path)
-        md = load_metadata_pickle(data, label, trust=True) if trust_pickle else load_light_metadata(data, label)
+        md: Any = None
+        if trust_pickle:
+            md = load_metadata_pickle(data, label, trust=True)
+        elif len(data) > _HEAD_ONLY_ABOVE:
+            md = load_light_metadata_head(data, label)  # storage index parsed on first use
+        if md is None:
+            md = load_light_metadata(data, label)
         sdm = getattr(md, "state_dict_metadata", None)
-        if not isinstance(sdm, dict) or not isinstance(getattr(md, "storage_data", None), dict):
-            raise CorruptCheckpointError(f"{md_path}: does not hold DCP metadata with a storage index")
+        if not isinstance(sdm, dict):
+            raise CorruptCheckpointError(f"{md_path}: does not hold DCP metadata")
+        self._data = data
         entries: dict[str, Entry] = {}
         try:
-            for fqn, smd in sdm.items():
-                if hasattr(smd, "chunks"):
-                    entries[fqn] = Entry(fqn, "tensor", smd.properties.dtype, tuple(smd.size))
-                else:
-                    entries[fqn] = Entry(fqn, "bytes")
+            with gc_paused():
+                for fqn, smd in sdm.items():
+                    if hasattr(smd, "chunks"):
+                        entries[fqn] = Entry(fqn, "tensor", smd.properties.dtype, tuple(smd.size))
+                    else:
+                        entries[fqn] = Entry(fqn, "bytes")
         except (AttributeError, TypeError) as e:
             raise CorruptCheckpointError(f"{md_path}: damaged metadata entry ({e})") from e
         super().__init__(path, entries, {"version": getattr(md, "version", None)})
@@ -168,10 +177,19 @@ class DCPCheckpoint(Checkpoint):
         self._index: dict[str, dict[tuple[int, ...], Any]] | None = None
 
     def _storage(self) -> dict[str, dict[tuple[int, ...], Any]]:
-        """fqn -> chunk offsets -> storage info; built on first use (400k chunks: ~0.2 s)."""
+        """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
+        opened without its storage index; this parses the whole pickle then (100k tensors: ~1.5 s)."""
         if self._index is None:
+            storage_data = getattr(self._md, "storage_data", None)
+            if storage_data is None:
+                storage_data = getattr(
+                    load_light_metadata(self._data, str(self.path / METADATA_FILE)), "storage_data", None
+                )
+            if not isinstance(storage_data, dict):
+                raise CorruptCheckpointError(f"{self.path / METADATA_FILE}: has no storage index")
+            self._data = b""
             index: dict[str, dict[tuple[int, ...], Any]] = {}
-            for key, info in self._md.storage_data.items():
+            for key, info in storage_data.items():
                 offset = getattr(key, "offset", None)  # absent for byte items
                 index.setdefault(key.fqn, {})[tuple(offset) if offset is not None else ()] = info
             for fqn, entry in self.entries.items():
@@ -328,7 +346,7 @@ class TorchCheckpoint(Checkpoint):
             return out
         full = self._file.materialize(self._values[fqn])
         self._file.release()
-        return narrow_tensor_by_index(full, offsets, sizes).clone()
+        return narrow_tensor_by_index(full, offsets, sizes).clone(memory_format=torch.contiguous_format)
 
     def read_value(self, fqn: str) -> Any:
         value = self._values[self.entry(fqn).fqn]

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import torch
 
+from ._pickle import gc_paused
+
 __all__ = ["Chunk", "Entry", "Kind", "Node", "Totals", "build_tree", "dtype_name"]
 
 Kind = Literal["tensor", "bytes", "object"]
@@ -105,6 +107,11 @@ def _segments(fqn: str) -> list[str]:
 
 def build_tree(entries: dict[str, Entry], root_name: str = "") -> Node:
     """Nest entries by the dots of their names; totals are summed up the tree."""
+    with gc_paused():
+        return _build_tree(entries, root_name)
+
+
+def _build_tree(entries: dict[str, Entry], root_name: str) -> Node:
     root = Node(root_name, "")
     for fqn, entry in entries.items():
         node = root

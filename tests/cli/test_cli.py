@@ -120,3 +120,44 @@ def test_progress_bar_on_a_terminal() -> None:
     bar(Progress(1 << 30, 1 << 30, 10, 10, "model.norm"))
     bar.close()
     assert " 50.0% 512.0 MiB/1.0 GiB" in tty.text and "100.0%" in tty.text and tty.text.endswith("\n")
+
+
+def test_inspect_text_and_json(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["inspect", str(rich_pt)]) == 0
+    text = capsys.readouterr().out
+    assert "rich.pt (torch): 20 tensors" in text and "bf16  bfloat16 [5, 3]" in text
+    assert "totals by dtype:" in text
+    assert main(["convert", str(rich_pt), str(tmp_path / "d"), "-q"]) == 0
+    assert main(["inspect", str(tmp_path / "d"), "--json", "--chunks"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "dcp" and doc["schema"] == 1
+    w = next(e for e in doc["entries"] if e["fqn"] == "model.w")
+    assert w["kind"] == "tensor" and w["dtype"] == "float32" and w["shape"] == [6, 8] and w["nbytes"] == 192
+    (chunk,) = w["chunks"]
+    assert chunk["file"] == "__0_0.distcp" and chunk["offsets"] == [0, 0] and chunk["data_offset"] > chunk["offset"]
+    with open(tmp_path / "d" / chunk["file"], "rb") as f:
+        f.seek(chunk["data_offset"])
+        got = torch.frombuffer(bytearray(f.read(192)), dtype=torch.float32).reshape(6, 8)
+    assert torch.equal(got, rich_state_dict()["model"]["w"])
+    step = next(e for e in doc["entries"] if e["fqn"] == "step")
+    assert step["kind"] == "bytes" and step["dtype"] is None
+
+
+def test_verify_exit_codes(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["convert", str(rich_pt), str(tmp_path / "d"), "-q"]) == 0
+    assert main(["verify", str(rich_pt), str(tmp_path / "d"), "-q"]) == 0
+    assert "equal" in capsys.readouterr().out
+    sd = rich_state_dict()
+    sd["model"]["w"] = sd["model"]["w"] + 1e-3
+    torch.save(sd, tmp_path / "changed.pt")
+    assert main(["verify", str(tmp_path / "changed.pt"), str(tmp_path / "d"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["equal"] and [v["fqn"] for v in report["values"]] == ["model.w"]
+    assert main(["verify", str(tmp_path / "changed.pt"), str(tmp_path / "d"), "--atol", "0.01", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "missing.pt"), str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err.startswith("dcpstudio: error:")
