@@ -17,14 +17,6 @@ from typing import Any, TextIO
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 class TerminalProgress:
     """A one-line progress bar on a terminal (nothing when the stream is not a TTY)."""
 
@@ -34,6 +26,9 @@ class TerminalProgress:
         self._interval = interval
         self._last = 0.0
         self._start = time.monotonic()
+        from dcpstudio.core.report import human_bytes
+
+        self._human = human_bytes
 
     def __call__(self, p: Any) -> None:
         now = time.monotonic()
@@ -45,7 +40,7 @@ class TerminalProgress:
         rate = p.done_bytes / max(now - self._start, 1e-6)
         line = (
             f"\r[{'#' * filled}{'.' * (width - filled)}] {p.fraction * 100:5.1f}% "
-            f"{_human(p.done_bytes)}/{_human(p.total_bytes)} {_human(rate)}/s {p.current[-40:]:<40}"
+            f"{self._human(p.done_bytes)}/{self._human(p.total_bytes)} {self._human(rate)}/s {p.current[-40:]:<40}"
         )
         self._stream.write(line)
         self._stream.flush()
@@ -113,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_convert(args: argparse.Namespace) -> int:
     from dcpstudio.core import convert
+    from dcpstudio.core.report import human_bytes
 
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
@@ -134,7 +130,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         seconds = time.monotonic() - start
         print(
             f"wrote {result.dst} ({result.target}): {result.tensors} tensors, {result.values} other values, "
-            f"{_human(result.tensor_bytes)} in {seconds:.2f} s"
+            f"{human_bytes(result.tensor_bytes)} in {seconds:.2f} s"
         )
     return EXIT_OK
 

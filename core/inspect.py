@@ -17,7 +17,6 @@ from typing import IO, Any, cast
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -25,7 +24,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from ._io import read_box, read_exact
@@ -37,7 +36,7 @@ from .formats.detect import Format, detect_format
 from .formats.safetensors import read_safetensors_index
 from .formats.torchsave import TorchSaveFile
 from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, relative, whole_chunk
-from .planners import safe_torch_load
+from .planners import RegionPlanner, safe_torch_load
 
 __all__ = ["Checkpoint", "Region", "open_checkpoint"]
 
@@ -127,17 +126,6 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _RegionPlanner(DefaultLoadPlanner):
-    """Resolves every read item into one destination tensor (the requested box)."""
-
-    def __init__(self, target: torch.Tensor) -> None:
-        super().__init__()
-        self.target = target
-
-    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
-        return narrow_tensor_by_index(self.target, read_item.dest_offsets, read_item.lengths)
 
 
 class DCPCheckpoint(Checkpoint):
@@ -267,7 +255,7 @@ class DCPCheckpoint(Checkpoint):
         }
         box = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         items = create_read_items_for_chunk_list(fqn, md, [box])
-        reader.read_data(LoadPlan(items), _RegionPlanner(target)).wait()
+        reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
         return target
 
     def read_value(self, fqn: str) -> Any:

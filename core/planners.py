@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemType
 
@@ -21,7 +22,7 @@ from ._pickle import _unsafe_message
 from ._tree import map_tensors
 from .errors import CorruptCheckpointError, UnsafePickleError
 
-__all__ = ["LazySavePlanner", "NameFilter", "SafeLoadPlanner", "safe_torch_load"]
+__all__ = ["LazySavePlanner", "NameFilter", "RegionPlanner", "SafeLoadPlanner", "safe_torch_load"]
 
 
 class NameFilter:
@@ -76,6 +77,21 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
             self.state_dict[fqn] = obj
+
+
+class RegionPlanner(DefaultLoadPlanner):
+    """Resolves every read item into one destination tensor: the box of a tensor being read.
+
+    Pair it with read items from ``create_read_items_for_chunk_list(fqn, md, [box])``; each item's
+    ``dest_offsets`` are relative to the box, so ``target`` has the box's shape.
+    """
+
+    def __init__(self, target: torch.Tensor) -> None:
+        super().__init__()
+        self.target = target
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        return narrow_tensor_by_index(self.target, read_item.dest_offsets, read_item.lengths)
 
 
 class LazySavePlanner(DefaultSavePlanner):

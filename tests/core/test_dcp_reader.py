@@ -9,23 +9,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from dcpstudio.core import DCPReader, read_metadata, torch_save_to_dcp
 from dcpstudio.core._io import contiguous_span
+from dcpstudio.core.planners import RegionPlanner
 from tests import _ranks
-
-
-class _RegionPlanner(DefaultLoadPlanner):
-    def __init__(self, target: torch.Tensor) -> None:
-        super().__init__()
-        self.target = target
-
-    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
-        return narrow_tensor_by_index(self.target, read_item.dest_offsets, read_item.lengths)
 
 
 def read_region(ckpt: Path, fqn: str, offsets: list[int], sizes: list[int]) -> tuple[torch.Tensor, int]:
@@ -36,7 +27,7 @@ def read_region(ckpt: Path, fqn: str, offsets: list[int], sizes: list[int]) -> t
     reader.set_up_storage_reader(md, True)
     items = create_read_items_for_chunk_list(fqn, tmd, [ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))])
     target = torch.full(sizes, -1, dtype=tmd.properties.dtype)
-    reader.read_data(LoadPlan(items), _RegionPlanner(target)).wait()
+    reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
     return target, reader.bytes_read
 
 
