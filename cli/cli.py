@@ -52,7 +52,7 @@ class TerminalProgress:
 
 
 def _add_convert_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="source checkpoint (torch.save file or DCP directory)")
+    p.add_argument("src", help="source checkpoint (DCP directory, torch.save file or safetensors)")
     p.add_argument("dst", help="destination path")
     p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
     p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
@@ -77,7 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
     _add_convert_options(p)
-    p.add_argument("--to", choices=["dcp", "torch"], help="target format (default: the other one)")
+    p.add_argument(
+        "--to",
+        choices=["dcp", "torch", "safetensors"],
+        help="target format (default: DCP <-> torch.save; safetensors -> DCP)",
+    )
+    p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="safetensors: cast floating tensors")
+    p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
     for name, target, text in (
         ("torch_to_dcp", "dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
         ("dcp_to_torch", "torch", "DCP directory -> torch.save file (format_utils' argument order)"),
@@ -122,6 +129,9 @@ def _run_convert(args: argparse.Namespace) -> int:
             exclude=args.exclude,
             overwrite=args.overwrite,
             trust_pickle=args.trust_pickle,
+            max_shard_size=getattr(args, "max_shard_size", None),
+            dtype=getattr(args, "dtype", None),
+            strip_prefix=getattr(args, "strip_prefix", None),
         )
     finally:
         if bar is not None:

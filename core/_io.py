@@ -81,16 +81,17 @@ def crc32(data: memoryview) -> int:
 
 @dataclass(frozen=True)
 class FileRange:
-    """Bytes of a source file that go to the output unchanged, with their known CRC-32.
+    """Bytes of a source file that go to the output unchanged, with their CRC-32 when known.
 
     Conversions copy such ranges with ``copy_file_range(2)``, inside the kernel, the way ``cp``
-    does: the bytes never enter this process. The CRC comes from the source archive's directory.
+    does: the bytes never enter this process. The CRC comes from the source archive's directory
+    (ZIP outputs need it; safetensors outputs do not).
     """
 
     fd: int
     offset: int
     nbytes: int
-    crc: int
+    crc: int | None = None
 
 
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP, errno.EBADF}

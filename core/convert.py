@@ -45,7 +45,7 @@ class ConversionResult:
 
     src: Path
     dst: Path
-    target: Literal["dcp", "torch"]
+    target: Literal["dcp", "torch", "safetensors"]
     tensors: int
     values: int
     tensor_bytes: int
@@ -250,22 +250,35 @@ def dcp_to_torch_save(
     return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
 
 
+_NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
+_SAFETENSORS_OPTIONS = ("max_shard_size", "dtype", "strip_prefix")
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    to: Literal["dcp", "torch"] | None = None,
+    to: Literal["dcp", "torch", "safetensors"] | None = None,
     **options: Any,
 ) -> ConversionResult:
-    """Convert ``src`` to format ``to`` (by default: DCP to torch.save, torch.save to DCP)."""
+    """Convert ``src`` to format ``to``; by default DCP -> torch.save, torch.save -> DCP,
+    safetensors -> DCP. Safetensors targets also take ``max_shard_size``, ``dtype`` and
+    ``strip_prefix`` (see :func:`~dcpstudio.core.export.to_safetensors`)."""
+    from . import export
+
     fmt = detect_format(src)
-    if fmt == "safetensors":
-        raise UnsupportedFormatError(f"{src}: reading safetensors is not supported by this version")
     target = to or ("torch" if fmt == "dcp" else "dcp")
+    if target not in _NAMES:
+        raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
     if target == fmt:
-        raise UnsupportedFormatError(f"{src} is already a {'DCP checkpoint' if fmt == 'dcp' else 'torch.save file'}")
+        raise UnsupportedFormatError(f"{src} is already {_NAMES[fmt]}")
+    if target != "safetensors" and any(options.get(k) is not None for k in _SAFETENSORS_OPTIONS):
+        raise ValueError("--max-shard-size, --dtype and --strip-prefix apply to --to safetensors only")
+    options = {k: v for k, v in options.items() if k not in _SAFETENSORS_OPTIONS or target == "safetensors"}
+    if target == "safetensors":
+        return export.to_safetensors(src, dst, **options)
+    if fmt == "safetensors":
+        return (export.checkpoint_to_dcp if target == "dcp" else export.checkpoint_to_torch)(src, dst, **options)
     if target == "dcp":
         return torch_save_to_dcp(src, dst, **options)
-    if target == "torch":
-        return dcp_to_torch_save(src, dst, **options)
-    raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp or torch)")
+    return dcp_to_torch_save(src, dst, **options)

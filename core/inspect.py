@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from ._io import read_box, read_exact
+from ._io import FileRange, read_box, read_exact
 from ._pickle import gc_paused, load_light_metadata, load_light_metadata_head, load_metadata_pickle
 from ._tree import map_tensors
 from .errors import CorruptCheckpointError, UnsupportedFormatError
@@ -118,6 +119,11 @@ class Checkpoint:
         """A non-tensor value (DCP byte item or torch.save object), unpickled safely."""
         raise NotImplementedError
 
+    def file_range(self, fqn: str) -> FileRange | None:
+        """Where a whole tensor's raw row-major bytes lie verbatim in one file, so a converter can
+        copy them without reading them; None when they do not (sharded, non-contiguous, ...)."""
+        return None
+
     def close(self) -> None:
         """Release open files."""
 
@@ -163,6 +169,7 @@ class DCPCheckpoint(Checkpoint):
         self._md = md
         self._trust = trust_pickle
         self._index: dict[str, dict[tuple[int, ...], Any]] | None = None
+        self._files: dict[str, IO[bytes]] = {}
 
     def _storage(self) -> dict[str, dict[tuple[int, ...], Any]]:
         """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
@@ -232,6 +239,36 @@ class DCPCheckpoint(Checkpoint):
             for f in files.values():
                 f.close()
         return out
+
+    def _file(self, relative_path: str) -> IO[bytes]:
+        f = self._files.get(relative_path)
+        if f is None:
+            path = self.path / relative_path
+            try:
+                f = self._files[relative_path] = open(path, "rb")  # noqa: SIM115 - closed by close()
+            except OSError as e:
+                raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
+        return f
+
+    def file_range(self, fqn: str) -> FileRange | None:
+        entry = self.entry(fqn)
+        chunks = self.chunks(fqn) if entry.kind == "tensor" else []
+        if len(chunks) != 1 or any(chunks[0].offsets) or chunks[0].sizes != entry.shape:
+            return None
+        c = chunks[0]
+        f = self._file(c.file or "")
+        parsed = _open_chunk(f, c.offset or 0, c.length or 0, f"{self.path / (c.file or '')} ({fqn})")
+        t = parsed.tensor
+        if not parsed.stored or parsed.big_endian or not t.is_contiguous() or t.dtype != entry.dtype:
+            return None
+        covers = int(t.storage_offset()) == 0 and parsed.size == entry.nbytes
+        start = parsed.data_offset + int(t.storage_offset()) * t.element_size()
+        return FileRange(f.fileno(), start, entry.nbytes, parsed.crc if covers else None)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         entry = self.entry(fqn)
@@ -336,6 +373,10 @@ class TorchCheckpoint(Checkpoint):
         self._file.release()
         return narrow_tensor_by_index(full, offsets, sizes).clone(memory_format=torch.contiguous_format)
 
+    def file_range(self, fqn: str) -> FileRange | None:
+        value = self._values[self.entry(fqn).fqn]
+        return self._file.view_range(value) if isinstance(value, torch.Tensor) else None
+
     def read_value(self, fqn: str) -> Any:
         value = self._values[self.entry(fqn).fqn]
         out = map_tensors(value, self._file.materialize)
@@ -344,6 +385,23 @@ class TorchCheckpoint(Checkpoint):
 
     def close(self) -> None:
         self._file.close()
+
+
+VALUES_KEY = "dcpstudio.values"
+
+
+def _stored_values(meta: dict[str, str], path: Path) -> dict[str, Any]:
+    """Non-tensor values DCP Studio stored as JSON in a safetensors header (see export)."""
+    raw = meta.get(VALUES_KEY)
+    if raw is None:
+        return {}
+    try:
+        values = json.loads(raw)
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{path}: damaged {VALUES_KEY} metadata ({e})") from e
+    if not isinstance(values, dict):
+        raise CorruptCheckpointError(f"{path}: {VALUES_KEY} metadata is not a JSON object")
+    return values
 
 
 class SafetensorsCheckpoint(Checkpoint):
@@ -358,6 +416,9 @@ class SafetensorsCheckpoint(Checkpoint):
                 raise CorruptCheckpointError(f"{path}: tensor {t.name!r} appears in two files")
             entries[t.name] = Entry(t.name, "tensor", t.dtype, t.shape)
             self._where[t.name] = t
+        for file_meta in info.get("metadata", {}).values():
+            for fqn, value in _stored_values(file_meta, path).items():
+                entries.setdefault(fqn, Entry(fqn, "object", value=value))
         super().__init__(path, entries, info)
         self._files: dict[Path, IO[bytes]] = {}
 
@@ -365,17 +426,27 @@ class SafetensorsCheckpoint(Checkpoint):
         t = self._where[self.entry(fqn).fqn]
         return [whole_chunk(self.entries[fqn], relative(t.file, self.path), t.data_offset)]
 
+    def _file(self, path: Path) -> IO[bytes]:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = open(path, "rb")  # noqa: SIM115 - closed by close()
+        return f
+
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         entry = self.entry(fqn)
+        if entry.kind != "tensor":
+            raise ValueError(f"{fqn} is not a tensor")
         t = self._where[fqn]
         offsets, sizes = _box(entry, region)
-        f = self._files.get(t.file)
-        if f is None:
-            f = self._files[t.file] = open(t.file, "rb")  # noqa: SIM115
-        return read_box(f, t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
+        return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
+
+    def file_range(self, fqn: str) -> FileRange | None:
+        t = self._where.get(self.entry(fqn).fqn)
+        return None if t is None else FileRange(self._file(t.file).fileno(), t.data_offset, t.nbytes)
 
     def read_value(self, fqn: str) -> Any:
-        return self.read_tensor(fqn)
+        entry = self.entry(fqn)
+        return entry.value if entry.kind == "object" else self.read_tensor(fqn)
 
     def close(self) -> None:
         for f in self._files.values():

@@ -127,6 +127,8 @@ class ZipWriter:
 
     def copy(self, name: str, src: FileRange, label: str) -> None:
         """Append a record whose bytes are copied from another file inside the kernel."""
+        if src.crc is None:
+            raise ValueError("a ZIP record copied from a file needs the bytes' CRC-32")
         self._header(name, src.nbytes, src.crc)
         self._f.flush()
         copy_range(src, self._f.fileno(), label)

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from .._io import FileRange, copy_range, tensor_buffer
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["DTYPES", "SafetensorsTensor", "read_safetensors_index"]
+__all__ = ["DTYPES", "SafetensorsTensor", "SafetensorsWriter", "read_safetensors_index"]
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -45,6 +46,7 @@ for _name, _attr in (
         DTYPES[_name] = getattr(torch, _attr)
 
 _MAX_HEADER = 100 << 20
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -128,3 +130,53 @@ def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[Safetenso
         if meta:
             info.setdefault("metadata", {})[f.name] = meta
     return tensors, info
+
+
+class SafetensorsWriter:
+    """Streams one safetensors file: the header (all names, dtypes, shapes and offsets) first,
+    then each tensor's bytes in header order -- from memory or copied from another file."""
+
+    def __init__(
+        self, f: Any, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str]
+    ) -> None:
+        header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+        offset = 0
+        self._expected: list[tuple[str, int]] = []
+        for name, dtype, shape in tensors:
+            if dtype not in _NAMES:
+                raise UnsupportedFormatError(f"safetensors cannot store {dtype} (tensor {name})")
+            numel = 1
+            for s in shape:
+                numel *= s
+            nbytes = numel * dtype.itemsize
+            header[name] = {"dtype": _NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            self._expected.append((name, nbytes))
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data buffer starts 8-byte aligned, as safetensors writes it
+        self._f = f
+        self._next = 0
+        f.write(struct.pack("<Q", len(raw)) + raw)
+
+    def _take(self, name: str, nbytes: int) -> None:
+        want = self._expected[self._next]
+        if want != (name, nbytes):
+            raise ValueError(f"safetensors writer expected {want}, got {(name, nbytes)}")
+        self._next += 1
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        data = tensor_buffer(tensor)
+        self._take(name, len(data))
+        self._f.write(data)
+
+    def copy(self, name: str, src: FileRange, label: str) -> None:
+        self._take(name, src.nbytes)
+        self._f.flush()
+        copy_range(src, self._f.fileno(), label)
+        self._f.seek(0, os.SEEK_END)
+
+    def finish(self) -> None:
+        if self._next != len(self._expected):
+            raise ValueError("safetensors writer finished before every tensor was written")
+        self._f.flush()
+        os.fsync(self._f.fileno())

@@ -181,6 +181,18 @@ class TorchSaveFile:
         out = torch.empty(0, dtype=t.dtype)
         return out.set_(buf.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
+    def view_range(self, view: torch.Tensor) -> FileRange | None:
+        """Where the bytes of a contiguous view lie in place in the file (CRC set when the view
+        covers its whole storage record), or None when they are not stored verbatim."""
+        whole = self.source_range(view)
+        if whole is not None:
+            return whole
+        ref = self.storages.ref_of(view)
+        if ref is None or ref.key in self._compressed or self._big_endian or not view.is_contiguous():
+            return None
+        start = self._locations[ref.key][0] + int(view.storage_offset()) * view.element_size()
+        return FileRange(self._f.fileno(), start, view.numel() * view.element_size())
+
     def read_contiguous(self, view: torch.Tensor) -> torch.Tensor | None:
         """The values of a contiguous view of one of this file's tensors, reading only its bytes;
         None when they are not in place (compressed record) or the view is not contiguous."""

@@ -161,3 +161,14 @@ def test_verify_exit_codes(rich_pt: Path, tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "missing.pt"), str(tmp_path / "d")]) == 2
     assert capsys.readouterr().err.startswith("dcpstudio: error:")
+
+
+def test_convert_to_safetensors_with_shards(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "st"
+    args = ["convert", str(rich_pt), str(out), "--to", "safetensors", "--max-shard-size", "200B", "--dtype", "bf16"]
+    assert main([*args, "--strip-prefix", "model.", "--include", r"^model\.", "-q"]) == 0
+    assert (out / "model.safetensors.index.json").is_file()
+    assert main(["verify", str(out), str(out / "model.safetensors.index.json"), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(rich_pt), str(tmp_path / "x"), "--to", "safetensors", "--max-shard-size", "lots"]) == 2
+    assert "invalid size" in capsys.readouterr().err

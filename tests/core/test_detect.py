@@ -28,11 +28,13 @@ def test_detects_each_format_by_content(rich_pt: Path, tmp_path: Path) -> None:
     assert detect_format(tmp_path / "d") == "dcp"
 
 
-def test_safetensors_conversion_is_refused_clearly(tmp_path: Path) -> None:
+def test_safetensors_converts_to_dcp_by_default(tmp_path: Path) -> None:
     st = tmp_path / "m.safetensors"
     save_file({"w": torch.ones(2)}, st)
-    with pytest.raises(UnsupportedFormatError, match="safetensors"):
-        convert(st, tmp_path / "out")
+    assert convert(st, tmp_path / "out").target == "dcp"
+    assert detect_format(tmp_path / "out") == "dcp"
+    with pytest.raises(UnsupportedFormatError, match="already a safetensors checkpoint"):
+        convert(st, tmp_path / "again", to="safetensors")
 
 
 def test_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:

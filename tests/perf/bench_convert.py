@@ -28,9 +28,10 @@ mode, src, dst = sys.argv[1:4]
 import torch, torch.distributed.checkpoint  # imported before timing, as a long-lived app would
 if mode.startswith("ours"):
     from dcpstudio.core import torch_save_to_dcp, dcp_to_torch_save
+    from dcpstudio.core.export import to_safetensors
 else:
     from torch.distributed.checkpoint.format_utils import torch_save_to_dcp, dcp_to_torch_save
-fn = torch_save_to_dcp if mode.endswith("to_dcp") else dcp_to_torch_save
+fn = {"to_dcp": torch_save_to_dcp, "to_torch": dcp_to_torch_save}.get(mode.split("_", 1)[1]) or to_safetensors
 t0 = time.perf_counter()
 fn(src, dst)
 if mode.startswith("torch"):
@@ -98,13 +99,15 @@ def main() -> int:
     actual = src_pt.stat().st_size
     print(f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, largest {largest / 2**20:.1f} MiB, in {work}")
 
-    directions = {"to_dcp": src_pt, "to_torch": src_dcp}
+    directions = {"to_dcp": src_pt, "to_torch": src_dcp, "to_st": src_dcp}  # to_st: DCP -> safetensors
     contenders = ["ours", "cp"] + ([] if args.skip_torch else ["torch"])
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for r in range(args.rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for direction, src in directions.items():
             for who in order:
+                if who == "torch" and direction == "to_st":
+                    continue  # torch has no converter to safetensors
                 dst = work / f"out_{direction}_{who}"
                 remove(dst)
                 res = run_cp(src, dst) if who == "cp" else run_python(f"{who}_{direction}", src, dst)
@@ -117,7 +120,9 @@ def main() -> int:
     for direction in directions:
         cp_wall = statistics.median(x["wall"] for x in results[(direction, "cp")])
         for who in contenders:
-            rows = results[(direction, who)]
+            rows = results.get((direction, who))
+            if not rows:
+                continue
             wall = statistics.median(x["wall"] for x in rows)
             rss = max(x["rss"] for x in rows)
             name = {"ours": "dcpstudio", "cp": "cp + sync", "torch": "torch format_utils"}[who]
