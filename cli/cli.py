@@ -1,4 +1,5 @@
-"""The ``dcpstudio`` command: no arguments opens the window; subcommands serve scripts and CI.
+"""The ``dcpstudio`` command: no arguments opens the window (``--demo``: on a generated demo
+checkpoint); subcommands serve scripts and CI.
 
 Every subcommand calls the same ``dcpstudio.core`` functions as the window. Failures print one
 line (``dcpstudio: error: ...``) and exit non-zero; set ``DCPSTUDIO_DEBUG=1`` for a traceback.
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"dcpstudio {__version__}")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="write a demo DCP checkpoint and torch.save file, and open the window on them",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
@@ -107,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("open", help="open the window on a checkpoint")
+    p.add_argument("path")
 
     p = sub.add_parser("demo", help="write a demo torch.save file and DCP checkpoint, convert and check them")
     p.add_argument("--dir", help="where to write (default: the user data directory)")
@@ -220,9 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _run_verify,
         "demo": _run_demo,
     }
-    if args.command is None:
-        parser.print_help()
-        return EXIT_OK
+    if args.command is None or args.command == "open":
+        from dcpstudio.app.main import run
+
+        return run([args.path] if args.command == "open" else [], demo=args.demo)
     warnings.showwarning = _show_warning
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 

@@ -1,0 +1,110 @@
+"""The one bridge between core's progress/cancel contract and Qt: a job on its own QThread.
+
+A job is a plain function ``fn(progress, cancel) -> result`` -- every long core operation has
+that shape. :class:`Job` runs it on a fresh ``QThread`` and turns what happens into signals,
+delivered on the GUI thread: ``progress(Progress)`` (throttled), ``result(object)``,
+``errored(Exception)``, ``cancelled()``, and always ``finished()`` last. Cancellation is
+cooperative: :meth:`Job.cancel` sets the token the function polls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+
+from dcpstudio.core import CancelledError, CancelToken, Progress
+
+__all__ = ["Job", "JobFunction"]
+
+JobFunction = Callable[[Callable[[Progress], None], CancelToken], Any]
+
+
+class _Runner(QObject):
+    progress = Signal(object)
+    result = Signal(object)
+    errored = Signal(object)
+    cancelled = Signal()
+    done = Signal()
+
+    def __init__(self, fn: JobFunction, token: CancelToken, interval: float) -> None:
+        super().__init__()
+        self._fn = fn
+        self._token = token
+        self._interval = interval
+        self._last = 0.0
+
+    def _report(self, p: Progress) -> None:
+        now = time.monotonic()
+        if now - self._last >= self._interval or p.fraction >= 1.0:
+            self._last = now
+            self.progress.emit(p)
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            value = self._fn(self._report, self._token)
+        except CancelledError:
+            self.cancelled.emit()
+        except Exception as e:  # every failure becomes a signal; the notifier shows it
+            self.errored.emit(e)
+        else:
+            if self._token.cancelled:
+                self.cancelled.emit()
+            else:
+                self.result.emit(value)
+        finally:
+            self.done.emit()
+
+
+class Job(QObject):
+    """Run ``fn`` on a worker thread. Keep a reference until ``finished`` is emitted."""
+
+    progress = Signal(object)
+    result = Signal(object)
+    errored = Signal(object)
+    cancelled = Signal()
+    finished = Signal()
+
+    def __init__(
+        self, fn: JobFunction, name: str = "job", parent: QObject | None = None, interval: float = 0.05
+    ) -> None:
+        super().__init__(parent)
+        self.name = name
+        self.token = CancelToken()
+        self._thread = QThread()
+        self._thread.setObjectName(f"dcpstudio-{name}")
+        self._runner = _Runner(fn, self.token, interval)
+        self._runner.moveToThread(self._thread)
+        self._thread.started.connect(self._runner.run)
+        self._runner.progress.connect(self.progress)
+        self._runner.result.connect(self.result)
+        self._runner.errored.connect(self.errored)
+        self._runner.cancelled.connect(self.cancelled)
+        # direct: the thread must stop even while the GUI thread is blocked in wait() (closing)
+        self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)
+        self._thread.finished.connect(self._on_thread_finished)
+        self.running = False
+
+    def start(self) -> Job:
+        self.running = True
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        self.token.cancel()
+
+    def is_alive(self) -> bool:
+        """Whether the worker thread still runs (``running`` turns False only once ``finished``
+        has been delivered to the GUI thread)."""
+        return self._thread.isRunning()
+
+    def wait(self, timeout_ms: int = 30_000) -> bool:
+        """Block until the thread has ended (used when the window closes). True if it ended."""
+        return self._thread.wait(timeout_ms)
+
+    def _on_thread_finished(self) -> None:
+        self.running = False
+        self.finished.emit()

@@ -1,0 +1,233 @@
+"""The real window, driven with pytest-qt: open by drop, browse, convert, cancel, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PySide6.QtCore import QMimeData, QPointF, Qt, QTimer, QUrl
+from PySide6.QtGui import QDropEvent
+
+from dcpstudio.app import main_window as mw
+from dcpstudio.app.main_window import MainWindow
+from dcpstudio.app.tree_model import CheckpointTreeModel
+from dcpstudio.core import open_checkpoint, torch_save_to_dcp
+from tests.conftest import assert_same, leftovers, rich_state_dict
+
+
+def drop(widget: Any, path: Path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(
+        QPointF(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    )
+    widget.dropEvent(event)
+
+
+def open_by_drop(qtbot: Any, window: MainWindow, path: Path) -> None:
+    drop(window, path)
+    qtbot.waitUntil(lambda: window.ckpt is not None and window.ckpt.path == path, timeout=20_000)
+
+
+def finish(qtbot: Any, window: MainWindow, kind: str) -> None:
+    qtbot.waitUntil(lambda: kind in window.jobs and not window.jobs[kind].running, timeout=60_000)
+
+
+def test_drop_opens_and_details_follow_selection(qtbot: Any, window: MainWindow, multirank_dcp: Path) -> None:
+    open_by_drop(qtbot, window, multirank_dcp)
+    assert "dcp" in window.details.summary_title.text() and window.details.by_dtype.rowCount() >= 2
+    assert window.select("model.w")
+    labels = window.details.prop_labels
+    assert labels["Dtype"].text() == "float32" and labels["Shape"].text() == "[10, 6]"
+    assert window.details.chunk_table.rowCount() == 3
+    qtbot.waitUntil(lambda: "min" in window.details.stats_label.text(), timeout=20_000)
+    assert window.details.preview.rowCount() == 10 and window.details.preview.columnCount() == 6
+    assert window.details.chunk_table.item(0, 5).text() != ""  # data offsets resolved in the worker
+    assert window.select("step")
+    assert labels["Kind"].text() == "bytes"
+    window.tree.clearSelection()
+    assert window.details.currentIndex() == 0  # summary when nothing is selected
+    assert str(multirank_dcp) in window.settings.recent()
+
+
+def test_filter_box(qtbot: Any, window: MainWindow, multirank_dcp: Path) -> None:
+    open_by_drop(qtbot, window, multirank_dcp)
+    model_row = window.proxy.index(0, 0)
+    assert window.proxy.rowCount() == 3  # model, step, extra
+    window.filter_box.setText("bf")
+    assert window.proxy.rowCount() == 1 and window.proxy.data(model_row) == "model"
+    model_index = window.proxy.index(0, 0)
+    assert [window.proxy.index(r, 0, model_index).data() for r in range(window.proxy.rowCount(model_index))] == ["bf"]
+    window.filter_box.clear()
+    assert window.proxy.rowCount() == 3
+
+
+def test_tree_model_passes_qtmodeltester(qtmodeltester: Any, rich_pt: Path) -> None:
+    with open_checkpoint(rich_pt) as ckpt:
+        model = CheckpointTreeModel(ckpt.tree, lambda fqn: len(ckpt.chunks(fqn)))
+        qtmodeltester.check(model)
+
+
+def test_convert_with_button_then_verify(qtbot: Any, window: MainWindow, rich_pt: Path, tmp_path: Path) -> None:
+    open_by_drop(qtbot, window, rich_pt)
+    dst = tmp_path / "out_dcp"
+    window.choose_destination = lambda target, src: dst  # type: ignore[method-assign]
+    qtbot.mouseClick(window.panel.buttons["dcp"], Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "convert")
+    assert "Wrote out_dcp" in window.panel.status.text()
+    assert (dst / ".metadata").is_file()
+    qtbot.mouseClick(window.panel.verify_button, Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "verify")
+    assert window.last_diff is not None and window.last_diff.equal
+    assert window.panel.status.text().startswith("equal")
+
+
+def test_existing_destination_asks_before_replacing(
+    qtbot: Any, window: MainWindow, rich_pt: Path, tmp_path: Path
+) -> None:
+    open_by_drop(qtbot, window, rich_pt)
+    dst = tmp_path / "out.safetensors"
+    dst.write_bytes(b"precious")
+    window.choose_destination = lambda target, src: dst  # type: ignore[method-assign]
+    asked: list[str] = []
+    window.confirm = lambda text: asked.append(text) or False  # type: ignore[method-assign]
+    qtbot.mouseClick(window.panel.buttons["safetensors"], Qt.MouseButton.LeftButton)
+    assert asked and dst.read_bytes() == b"precious" and "convert" not in window.jobs
+    window.confirm = lambda text: True  # type: ignore[method-assign]
+    qtbot.mouseClick(window.panel.buttons["safetensors"], Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "convert")
+    with open_checkpoint(dst) as st:
+        assert st.format == "safetensors" and "model.w" in st.entries
+
+
+def test_drop_on_a_target_button_converts_the_dropped_file(
+    qtbot: Any, window: MainWindow, rich_pt: Path, tmp_path: Path
+) -> None:
+    window.choose_destination = lambda target, src: tmp_path / f"{src.stem}_dropped"  # type: ignore[method-assign]
+    drop(window.panel.buttons["dcp"], rich_pt)
+    finish(qtbot, window, "convert")
+    out = tmp_path / "rich_dropped"
+    torch_back = tmp_path / "back.pt"
+    from dcpstudio.core import dcp_to_torch_save
+
+    dcp_to_torch_save(out, torch_back)
+    assert_same(rich_state_dict(), torch.load(torch_back, weights_only=True))
+
+
+@pytest.fixture
+def held_convert(monkeypatch: pytest.MonkeyPatch) -> dict[str, threading.Event]:
+    """Conversions pause at their first progress report until released (or cancelled)."""
+    events = {"reported": threading.Event(), "release": threading.Event()}
+    real = mw.convert
+
+    def convert(src: Any, dst: Any, *, progress: Any, cancel: Any, **kw: Any) -> Any:
+        def hold(p: Any) -> None:
+            progress(p)
+            events["reported"].set()
+            while not events["release"].is_set() and not cancel.cancelled:
+                time.sleep(0.01)
+
+        return real(src, dst, progress=hold, cancel=cancel, **kw)
+
+    monkeypatch.setattr(mw, "convert", convert)
+    return events
+
+
+def _big(tmp_path: Path) -> Path:
+    from dcpstudio.core.demo import llama_like_state_dict
+
+    src = tmp_path / "big.pt"
+    torch.save(llama_like_state_dict(8 << 20), src)
+    return src
+
+
+def test_cancel_midway_leaves_nothing(qtbot: Any, window: MainWindow, tmp_path: Path, held_convert: Any) -> None:
+    src = _big(tmp_path)
+    dst = tmp_path / "cancelled.pt"
+    torch_save_to_dcp(src, tmp_path / "src_dcp")
+    open_by_drop(qtbot, window, tmp_path / "src_dcp")
+    window.choose_destination = lambda target, s: dst  # type: ignore[method-assign]
+    qtbot.mouseClick(window.panel.buttons["torch"], Qt.MouseButton.LeftButton)
+    assert held_convert["reported"].wait(20)
+    assert window.panel.cancel_button.isEnabled()
+    qtbot.mouseClick(window.panel.cancel_button, Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "convert")
+    assert "Cancelled" in window.panel.status.text()
+    assert not dst.exists() and leftovers(tmp_path) == []
+    assert all(b.isEnabled() for b in window.panel.buttons.values())
+
+
+def test_closing_during_a_job_cancels_it(qtbot: Any, tmp_path: Path, held_convert: Any) -> None:
+    src = _big(tmp_path)
+    w = MainWindow()
+    w.show()
+    w.choose_destination = lambda target, s: tmp_path / "closing_dcp"  # type: ignore[method-assign]
+    job = w.convert("dcp", src)
+    assert job is not None and held_convert["reported"].wait(20)
+    t0 = time.monotonic()
+    w.close()
+    assert time.monotonic() - t0 < 10 and not job.is_alive()
+    assert not (tmp_path / "closing_dcp").exists() and leftovers(tmp_path) == []
+
+
+def test_hostile_file_shows_an_explanation_and_offers_trust(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    marker = tmp_path / "RAN"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (exec, (f"open({str(marker)!r}, 'w').close()",))
+
+    torch.save({"w": torch.ones(2), "x": Evil()}, tmp_path / "evil.pt")
+    drop(window, tmp_path / "evil.pt")
+    qtbot.waitUntil(lambda: window.message_bar.isVisible(), timeout=20_000)
+    assert window.message_bar.level == "error" and "would run code" in window.message_bar.text()
+    assert [b.text() for b in window.message_bar.buttons] == ["Open trusting this file"]
+    assert window.ckpt is None and not marker.exists()
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"PK\x03\x04 not really a zip")
+    drop(window, garbage)
+    qtbot.waitUntil(lambda: "garbage.pt" in window.message_bar.text(), timeout=20_000)
+    assert "Traceback" not in window.message_bar.text()
+
+
+def test_gui_stays_responsive_during_a_conversion(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    from dcpstudio.core.demo import llama_like_state_dict
+
+    src = tmp_path / "m.pt"
+    torch.save(llama_like_state_dict(96 << 20), src)
+    torch_save_to_dcp(src, tmp_path / "src_dcp")
+    gaps: list[float] = []
+    last = [time.monotonic()]
+
+    def beat() -> None:
+        now = time.monotonic()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(beat)
+    window.choose_destination = lambda target, s: tmp_path / "out.pt"  # type: ignore[method-assign]
+    timer.start()
+    job = window.convert("torch", tmp_path / "src_dcp")
+    assert job is not None
+    finish(qtbot, window, "convert")
+    timer.stop()
+    assert (tmp_path / "out.pt").is_file() and len(gaps) > 5
+    assert max(gaps[1:]) < 0.1, f"GUI thread blocked for {max(gaps[1:]) * 1000:.0f} ms"
+
+
+def test_settings_remember_geometry_and_recent(qtbot: Any, rich_pt: Path) -> None:
+    w = MainWindow()
+    w.show()
+    open_by_drop(qtbot, w, rich_pt)
+    w.resize(700, 500)
+    w.close()
+    again = MainWindow()
+    assert again.settings.recent()[0] == str(rich_pt) and again.settings.last_dir() == str(rich_pt.parent)
+    assert (again.size().width(), again.size().height()) == (700, 500)
+    again.close()
