@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
         self.tree = QTreeView()
         self.tree.setSortingEnabled(True)
         self.tree.setUniformRowHeights(True)
+        self.tree.setIndentation(14)
         self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         self.tree.setColumnWidth(0, 280)
         self.proxy = NameFilterProxy(self)
@@ -232,6 +233,8 @@ class MainWindow(QMainWindow):
         self.model = CheckpointTreeModel(ckpt.tree, chunk_count, self)
         self.proxy.setSourceModel(self.model)
         self.tree.setModel(self.proxy)
+        self.tree.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # file order until a header is clicked
+        self.tree.setColumnWidth(0, 300)
         self.tree.selectionModel().selectionChanged.connect(self._selection_changed)
         self._apply_filter(self.filter_box.text())
         self.details.show_summary(ckpt)

@@ -122,7 +122,8 @@ class CheckpointTreeModel(QAbstractItemModel):
         if col == 4:
             return human_bytes(node.totals.nbytes)
         if e is None:
-            return f"{node.totals.count} entries" if col == 1 else None
+            n = node.totals.count
+            return (f"{n} entries" if n != 1 else "1 entry") if col == 1 else None
         if col == 1:
             return e.kind
         if col == 2:

@@ -79,3 +79,42 @@ def save_multirank(out: Path, world: int = 3, timeout: float = 120.0) -> None:
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def _save_model_worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from dcpstudio.core.demo import llama_like_state_dict
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        sd = llama_like_state_dict(16 << 20)
+        for name, t in sd["model"].items():
+            sd["model"][name] = distribute_tensor(t, mesh, [Shard(0)] if t.dim() == 2 else [Replicate()])
+        dcp.save(sd, checkpoint_id=out)
+    finally:
+        dist.destroy_process_group()
+
+
+def save_sharded_model(out: Path, world: int = 3, timeout: float = 120.0) -> None:
+    """A llama-like model saved by ``world`` ranks, matrices sharded by rows (for screenshots)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        _save_model_worker, args=(world, free_port(), str(out)), nprocs=world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"multi-rank save did not finish in {timeout} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()

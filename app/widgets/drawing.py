@@ -26,7 +26,7 @@ class ChunkDrawing(QWidget):
         self.shape: tuple[int, ...] = ()
         self.chunks: list[Chunk] = []
         self.file_sizes: dict[str, int] = {}
-        self.setMinimumHeight(180)
+        self.setMinimumHeight(240)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
     def set_chunks(self, shape: tuple[int, ...], chunks: list[Chunk], root: Path | None) -> None:
@@ -50,13 +50,14 @@ class ChunkDrawing(QWidget):
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         w, h = self.width(), self.height()
         bars = len(self.file_sizes)
-        box_h = max(40.0, h - 24.0 * bars - 16)
+        # the first two dimensions, stretched to the space available (dimension 0 downwards)
+        box_h = max(40.0, h - 24.0 * bars - 28)
         rows = self.shape[0] if self.shape else 1
         cols = self.shape[1] if len(self.shape) > 1 else 1
-        scale = min((w - 16) / max(cols, 1), box_h / max(rows, 1))
         ox, oy = 8.0, 8.0
+        sx, sy = (w - 16) / max(cols, 1), box_h / max(rows, 1)
         p.setPen(QPen(QColor("#6b7280"), 1))
-        p.drawRect(QRectF(ox, oy, cols * scale, rows * scale))
+        p.drawRect(QRectF(ox, oy, cols * sx, rows * sy))
         for c in self.chunks:
             r0 = c.offsets[0] if c.offsets else 0
             c0 = c.offsets[1] if len(c.offsets) > 1 else 0
@@ -66,8 +67,15 @@ class ChunkDrawing(QWidget):
             colour.setAlpha(150)
             p.setBrush(colour)
             p.setPen(QPen(QColor("#111827"), 1))
-            p.drawRect(QRectF(ox + c0 * scale, oy + r0 * scale, nc * scale, nr * scale))
-        y = oy + rows * scale + 12
+            rect = QRectF(ox + c0 * sx, oy + r0 * sy, nc * sx, nr * sy)
+            p.drawRect(rect)
+            label = f"rows {r0}–{r0 + nr}" + (f", cols {c0}–{c0 + nc}" if len(c.sizes) > 1 else "")
+            if rect.height() >= 14 and rect.width() >= 90:
+                p.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)
+        p.setPen(QPen(QColor("#6b7280"), 1))
+        dims = " × ".join(map(str, self.shape)) or "scalar"
+        p.drawText(QRectF(ox, oy + rows * sy + 2, w - 16, 14), Qt.AlignmentFlag.AlignLeft, f"shape {dims}")
+        y = oy + rows * sy + 22
         for file, size in sorted(self.file_sizes.items()):
             p.setPen(QPen(QColor("#6b7280"), 1))
             p.setBrush(Qt.BrushStyle.NoBrush)
