@@ -7,6 +7,7 @@ thread only builds widgets from results. Dialogs go through :meth:`choose_destin
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +328,9 @@ class MainWindow(QMainWindow):
         self.panel.set_busy(True, f"Converting {source.name} → {dst.name}")
 
         def work(progress: Any, cancel: Any) -> ConversionResult:
-            return convert(source, dst, to=target, progress=progress, cancel=cancel, overwrite=overwrite, **options)
+            with warnings.catch_warnings():  # notes come back in the result and are shown in the panel
+                warnings.simplefilter("ignore", UserWarning)
+                return convert(source, dst, to=target, progress=progress, cancel=cancel, overwrite=overwrite, **options)
 
         job = self._start("convert", work, self._converted, lambda: self.panel.set_busy(False))
         job.cancelled.connect(lambda: self.panel.set_result("Cancelled; nothing was written."))
@@ -337,7 +340,8 @@ class MainWindow(QMainWindow):
     def _converted(self, result: ConversionResult) -> None:
         self.last_result = result
         self.panel.set_result(
-            f"Wrote {result.dst.name} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}.",
+            f"Wrote {result.dst.name} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}."
+            + "".join(f"\n{note}" for note in result.notes),
             can_open=True,
         )
         self.notifier.info(f"Converted to {result.dst}", [("Open result", self._open_result)])

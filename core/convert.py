@@ -49,6 +49,7 @@ class ConversionResult:
     tensors: int
     values: int
     tensor_bytes: int
+    notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
 
 
 def _unwrap(error: CheckpointException) -> BaseException:

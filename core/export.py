@@ -143,6 +143,7 @@ def to_safetensors(
             target = cast_to if cast_to is not None and entry.dtype.is_floating_point else entry.dtype
             items.append(_Item(fqn, name, target, entry.shape or ()))
         stored_json, dropped = _json_values(values)
+        notes: list[str] = []
         if stored_json is not None or dropped:
             kept = sorted(set(values) - set(dropped))
             text = f"safetensors holds tensors only: stored {len(kept)} value(s) as JSON in the header metadata"
@@ -150,6 +151,7 @@ def to_safetensors(
             if dropped:
                 text += f"; left out {len(dropped)} non-JSON value(s): {', '.join(dropped[:8])}"
                 text += ", ..." if len(dropped) > 8 else ""
+            notes.append(text)
             warnings.warn(text, stacklevel=2)
         metadata = {"format": "pt"}
         if stored_json is not None:
@@ -201,7 +203,7 @@ def to_safetensors(
                         os.fsync(index_file.fileno())
         except OSError as e:
             raise _io_error(dst_p, e) from e
-    return ConversionResult(src_p, dst_p, "safetensors", len(items), len(values), total)
+    return ConversionResult(src_p, dst_p, "safetensors", len(items), len(values), total, tuple(notes))
 
 
 def _placeholders(ckpt: Checkpoint, keep: NameFilter) -> tuple[dict[str, Any], dict[int, str]]:

@@ -1,6 +1,6 @@
 """Take the README screenshot: the window on a DCP checkpoint saved by 3 gloo ranks.
 
-    xvfb-run -s "-screen 0 1600x1000x24" python packaging/screenshot.py resources/screenshot.png
+xvfb-run -s "-screen 0 1600x1000x24" python packaging/screenshot.py resources/screenshot.png
 """
 
 from __future__ import annotations

@@ -231,3 +231,69 @@ def test_settings_remember_geometry_and_recent(qtbot: Any, rich_pt: Path) -> Non
     assert again.settings.recent()[0] == str(rich_pt) and again.settings.last_dir() == str(rich_pt.parent)
     assert (again.size().width(), again.size().height()) == (700, 500)
     again.close()
+
+
+def test_file_browser_names_checkpoint_formats(qtbot: Any, rich_pt: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from dcpstudio.app.widgets.file_browser import CheckpointFileModel
+
+    torch_save_to_dcp(rich_pt, tmp_path / "d")
+    save_file({"w": torch.ones(1)}, tmp_path / "w.safetensors")
+    (tmp_path / "notes.txt").write_text("hello")
+    model = CheckpointFileModel()
+    assert model.format_of(rich_pt) == "torch.save"
+    assert model.format_of(tmp_path / "d") == "DCP"
+    assert model.format_of(tmp_path / "w.safetensors") == "safetensors"
+    assert model.format_of(tmp_path / "notes.txt") == ""
+
+
+def test_errors_from_other_threads_reach_the_message_bar(qtbot: Any, window: MainWindow) -> None:
+    import sys
+
+    saved = sys.excepthook, threading.excepthook
+    try:
+        window.notifier.install_hooks()
+
+        def boom() -> None:
+            raise RuntimeError("worker exploded")
+
+        t = threading.Thread(target=boom)
+        t.start()
+        t.join()
+        qtbot.waitUntil(lambda: "worker exploded" in window.message_bar.text(), timeout=5000)
+        assert window.message_bar.level == "error"
+    finally:
+        sys.excepthook, threading.excepthook = saved
+
+
+def test_demo_opens_the_window_on_generated_checkpoints(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from dcpstudio.app.main import run
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    app = QApplication.instance()
+    windows: list[MainWindow] = []
+
+    def check_and_quit() -> None:
+        found = [w for w in app.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]  # type: ignore[union-attr]
+        if found and found[0].ckpt is not None:
+            windows.append(found[0])
+            app.quit()  # type: ignore[union-attr]
+        else:
+            QTimer.singleShot(50, check_and_quit)
+
+    QTimer.singleShot(50, check_and_quit)
+    saved = __import__("sys").excepthook
+    try:
+        assert run(demo=True) == 0
+    finally:
+        __import__("sys").excepthook = saved
+        threading.excepthook = threading.__excepthook__
+    (w,) = windows
+    assert w.ckpt is not None and w.ckpt.format == "dcp" and w.ckpt.path == tmp_path / "dcpstudio" / "demo" / "demo_dcp"
+    assert (tmp_path / "dcpstudio" / "demo" / "demo.pt").is_file()
+    w.close()
