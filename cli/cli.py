@@ -114,6 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
+    p = sub.add_parser(
+        "load",
+        help="load a checkpoint on N ranks in a layout and check every shard (also under torchrun)",
+    )
+    p.add_argument("path", help="torch.save file or DCP directory")
+    p.add_argument("--ranks", type=int, help="local ranks to spawn (omit under torchrun)")
+    p.add_argument("--layout", default="shard0", choices=["replicate", "shard0", "shard1", "fsdp"])
+    p.add_argument("--mesh", help="device mesh shape, e.g. 2x2 (default: 1-D over all ranks)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("--json", action="store_true", help="per-rank reports as JSON")
+
     p = sub.add_parser("open", help="open the window on a checkpoint")
     p.add_argument("path")
 
@@ -192,6 +204,65 @@ def _run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.equal else EXIT_ERROR
 
 
+def _load_table(reports: list[Any], as_json: bool) -> int:
+    import json
+    from dataclasses import asdict
+
+    from dcpstudio.core.report import human_bytes
+
+    if as_json:
+        print(json.dumps([{**asdict(r), "ok": r.ok} for r in reports]))
+    else:
+        print(f"{'rank':>4} {'load time':>10} {'received':>11} {'sent':>11} {'local':>11} {'peak RSS':>10}  check")
+        for r in reports:
+            check = f"ok ({r.checked} entries)" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
+            print(
+                f"{r.rank:>4} {r.seconds:>9.2f}s {human_bytes(r.bytes_received):>11} {human_bytes(r.bytes_sent):>11} "
+                f"{human_bytes(r.local_bytes):>11} {human_bytes(r.peak_rss):>10}  {check}"
+            )
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_ERROR
+
+
+def _run_load(args: argparse.Namespace) -> int:
+    from dcpstudio.core.load import load_rank, parse_mesh, run_load
+
+    if args.ranks is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if _cuda_per_rank() else "gloo")
+        try:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            report = load_rank(
+                rank,
+                world,
+                lambda stage, f: None,
+                args.path,
+                args.layout,
+                parse_mesh(args.mesh, world),
+                args.trust_pickle,
+            )
+            gathered: list[Any] | None = [None] * world if rank == 0 else None
+            dist.gather_object(report, gathered, dst=0)
+        finally:
+            dist.destroy_process_group()
+        return _load_table(gathered, args.json) if gathered is not None else (EXIT_OK if report.ok else EXIT_ERROR)
+    reports = run_load(
+        args.path,
+        ranks=args.ranks or 2,
+        layout=args.layout,
+        mesh=args.mesh,
+        timeout=args.timeout,
+        trust_pickle=args.trust_pickle,
+    )
+    return _load_table(reports, args.json)
+
+
+def _cuda_per_rank() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -226,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dcp_to_torch": _run_convert,
         "dcp-to-torch": _run_convert,
         "inspect": _run_inspect,
+        "load": _run_load,
         "verify": _run_verify,
         "demo": _run_demo,
     }

@@ -1,0 +1,153 @@
+"""Start N local ranks with ``torch.multiprocessing`` and supervise them.
+
+Ranks are spawned (never forked), join a process group on a free port (gloo on CPU, nccl when
+every rank can have a GPU) and run ``fn(rank, world, report, *args)``. They talk to the parent
+only through a queue: progress, a result, or an error. The parent waits with timeouts only; when
+a rank raises or dies, the others are stopped, the error is raised with its rank, and no process
+is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from .errors import CancelledError, DCPStudioError
+from .progress import CancelToken
+
+__all__ = ["LaunchError", "RankProgress", "free_port", "launch"]
+
+
+class LaunchError(DCPStudioError):
+    """A rank failed, died or timed out; the message names the rank."""
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    rank: int
+    stage: str
+    fraction: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(
+    rank: int, world: int, port: int, backend: str, timeout: float, fn: Any, args: tuple[Any, ...], q: Any
+) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        try:
+            result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
+        finally:
+            dist.destroy_process_group()
+        q.put(("result", rank, result))
+    except BaseException as e:  # reported to the parent, which stops the others
+        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(2)
+
+
+def _died(rank: int, code: int | None) -> LaunchError:
+    if code is not None and code < 0:
+        try:
+            how = signal.Signals(-code).name
+        except ValueError:
+            how = f"signal {-code}"
+        return LaunchError(f"rank {rank} was killed ({how})")
+    return LaunchError(f"rank {rank} exited with code {code} without a result")
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    nprocs: int,
+    timeout: float = 600.0,
+    on_progress: Callable[[RankProgress], None] | None = None,
+    cancel: CancelToken | None = None,
+    backend: str | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world, report, *args)`` on ``nprocs`` spawned ranks; their results in rank order.
+
+    ``fn`` must be importable by name (module level). ``report(stage, fraction)`` sends progress.
+    """
+    if nprocs < 1:
+        raise ValueError("nprocs must be at least 1")
+    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_entry, args=(r, nprocs, port, backend, timeout, fn, args, q), daemon=True, name=f"dcpstudio-rank{r}"
+        )
+        for r in range(nprocs)
+    ]
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < nprocs:
+            if cancel is not None and cancel.cancelled:
+                raise CancelledError("cancelled; the ranks were stopped")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"ranks {sorted(set(range(nprocs)) - set(results))} did not finish in {timeout:.0f} s"
+                )
+            try:
+                kind, rank, payload = q.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in results and not p.is_alive():
+                        try:  # its last message may still be in flight
+                            kind, rank, payload = q.get(timeout=0.5)
+                        except queue.Empty:
+                            raise _died(r, p.exitcode) from None
+                        break
+                else:
+                    continue
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(RankProgress(rank, *payload))
+            elif kind == "result":
+                results[rank] = payload
+            else:
+                raise LaunchError(f"rank {rank}: {payload}")
+    finally:
+        _stop(procs)
+        q.cancel_join_thread()
+        q.close()
+    return [results[r] for r in range(nprocs)]

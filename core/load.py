@@ -1,0 +1,194 @@
+"""Test-load any checkpoint into any world size and layout, and check every rank's shards.
+
+``load_rank`` runs on each rank (spawned by :func:`~dcpstudio.core.launch.launch` or started by
+``torchrun``): it builds a target state dict of the requested layout from the checkpoint's
+structure (allocating only local shards), loads it with ``dcp.load`` -- torch.save files through
+:class:`~dcpstudio.core.distributed.TorchSaveReader`, DCP directories through
+:class:`~dcpstudio.core.formats.dcp.DCPReader` -- and compares each local shard with the same
+region read directly from the source.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import empty as dtensor_empty
+
+from .convert import _unwrap
+from .diff import _objects_equal
+from .distributed import TorchSaveReader
+from .formats.dcp import DCPReader
+from .formats.detect import detect_format
+from .inspect import open_checkpoint
+from .planners import SafeLoadPlanner
+
+__all__ = ["LAYOUTS", "RankReport", "build_target", "load_rank", "parse_mesh", "placements"]
+
+LAYOUTS = ("replicate", "shard0", "shard1", "fsdp")
+
+
+@dataclass
+class RankReport:
+    rank: int
+    seconds: float
+    bytes_received: int
+    bytes_sent: int
+    local_bytes: int
+    peak_rss: int
+    checked: int
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def parse_mesh(text: str | None, world: int) -> tuple[int, ...]:
+    if not text:
+        return (world,)
+    try:
+        shape = tuple(int(x) for x in text.lower().split("x"))
+    except ValueError as e:
+        raise ValueError(f"invalid mesh {text!r}; use e.g. 4 or 2x2") from e
+    n = 1
+    for s in shape:
+        n *= s
+    if n != world or any(s < 1 for s in shape) or len(shape) > 2:
+        raise ValueError(f"mesh {text} needs {n} ranks and at most 2 dimensions; {world} ranks were asked for")
+    return shape
+
+
+def placements(layout: str, ndim: int, mesh_ndim: int) -> list[Placement]:
+    """Placements of a tensor of ``ndim`` dimensions for ``layout`` on a 1-D or 2-D mesh."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    if layout == "replicate" or ndim == 0:
+        return [Replicate()] * mesh_ndim
+    if layout == "fsdp":
+        second: Placement = Shard(1) if ndim >= 2 else Replicate()
+        return [Shard(0)] if mesh_ndim == 1 else [Shard(0), second]
+    dim = 1 if layout == "shard1" and ndim >= 2 else 0
+    return [*([Replicate()] * (mesh_ndim - 1)), Shard(dim)]
+
+
+def build_target(structure: dict[str, Any], layout: str, mesh: DeviceMesh) -> dict[str, Any]:
+    """``structure`` maps fqn -> (dtype, shape) for tensors, None for other values."""
+    target: dict[str, Any] = {}
+    for fqn, spec in structure.items():
+        if spec is None:
+            target[fqn] = None
+            continue
+        dtype, shape = spec
+        target[fqn] = dtensor_empty(
+            shape, dtype=dtype, device_mesh=mesh, placements=placements(layout, len(shape), mesh.ndim)
+        )
+    return target
+
+
+def _peak_rss() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def load_rank(
+    rank: int,
+    world: int,
+    report: Callable[[str, float], None],
+    path: str,
+    layout: str,
+    mesh_shape: Sequence[int],
+    trust_pickle: bool = False,
+) -> RankReport:
+    """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, tuple(mesh_shape))
+    box: list[Any] = [None]
+    if rank == 0:
+        with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+            box[0] = {fqn: (e.dtype, e.shape) if e.kind == "tensor" else None for fqn, e in ckpt.entries.items()}
+    dist.broadcast_object_list(box, src=0)
+    report("planned", 0.1)
+    target = build_target(box[0], layout, mesh)
+    is_dcp = detect_format(path) == "dcp"
+    reader: Any = (
+        DCPReader(path, trust_pickle=trust_pickle) if is_dcp else TorchSaveReader(path, trust_pickle=trust_pickle)
+    )
+    t0 = time.perf_counter()
+    try:
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
+    except CheckpointException as e:
+        raise _unwrap(e) from None
+    seconds = time.perf_counter() - t0
+    report("loaded", 0.7)
+    mismatches: list[str] = []
+    local_bytes = 0
+    with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+        for fqn, value in target.items():
+            if isinstance(value, DTensor):
+                local = value.to_local()
+                local_bytes += local.numel() * local.element_size()
+                for chunk in value.__create_chunk_list__():
+                    region = [slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True)]
+                    expected = ckpt.read_tensor(fqn, region)
+                    got = local.cpu()
+                    if got.shape != expected.shape or not torch.equal(
+                        got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)
+                    ):
+                        mismatches.append(fqn)
+            elif not _objects_equal(value, ckpt.read_value(fqn)):
+                mismatches.append(fqn)
+    report("checked", 1.0)
+    return RankReport(
+        rank=rank,
+        seconds=seconds,
+        bytes_received=int(getattr(reader, "bytes_received", getattr(reader, "bytes_read", 0))),
+        bytes_sent=int(getattr(reader, "bytes_sent", 0)),
+        local_bytes=local_bytes,
+        peak_rss=_peak_rss(),
+        checked=len(target),
+        mismatches=mismatches,
+    )
+
+
+def run_load(
+    path: str | Path,
+    *,
+    ranks: int,
+    layout: str = "shard0",
+    mesh: str | None = None,
+    timeout: float = 600.0,
+    trust_pickle: bool = False,
+    on_progress: Any = None,
+    cancel: Any = None,
+) -> list[RankReport]:
+    """Spawn ``ranks`` local ranks and load ``path`` into ``layout``; per-rank reports."""
+    from .launch import launch
+
+    shape = parse_mesh(mesh, ranks)
+    placements(layout, 2, len(shape))  # validates the layout before any process starts
+    detect_format(path)
+    return launch(
+        load_rank,
+        (str(path), layout, shape, trust_pickle),
+        nprocs=ranks,
+        timeout=timeout,
+        on_progress=on_progress,
+        cancel=cancel,
+    )
