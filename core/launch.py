@@ -89,6 +89,30 @@ def _died(rank: int, code: int | None) -> LaunchError:
     return LaunchError(f"rank {rank} exited with code {code} without a result")
 
 
+def _is_echo(message: str) -> bool:
+    """Errors a rank gets because a peer failed first (its connections dropped)."""
+    return "Connection" in message and ("peer" in message or "reset" in message)
+
+
+def _root_cause(procs: list[Any], results: dict[int, Any], q: Any, rank: int, message: str) -> LaunchError:
+    """When one rank fails, its peers fail too; name the rank that failed first."""
+    errors = [(rank, message)]
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        try:
+            kind, r, payload = q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if kind == "error":
+            errors.append((r, str(payload)))
+    dead = [r for r, p in enumerate(procs) if r not in results and not p.is_alive() and p.exitcode]
+    if dead:
+        echoes = "; ".join(f"then rank {r}: {m[:120]}" for r, m in errors)
+        return LaunchError(f"{_died(dead[0], procs[dead[0]].exitcode)}; {echoes}")
+    first = next(((r, m) for r, m in errors if not _is_echo(m)), errors[0])
+    return LaunchError(f"rank {first[0]}: {first[1]}")
+
+
 def launch(
     fn: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -145,7 +169,7 @@ def launch(
             elif kind == "result":
                 results[rank] = payload
             else:
-                raise LaunchError(f"rank {rank}: {payload}")
+                raise _root_cause(procs, results, q, rank, str(payload))
     finally:
         _stop(procs)
         q.cancel_join_thread()

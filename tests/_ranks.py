@@ -118,3 +118,60 @@ def save_sharded_model(out: Path, world: int = 3, timeout: float = 120.0) -> Non
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def loadable_state_dict() -> dict[str, Any]:
+    """Uneven shapes, bf16, 0-d and 1-d tensors, nested optimizer state, non-tensor values."""
+    g = torch.Generator().manual_seed(11)
+    return {
+        "model": {
+            "emb": torch.randn(13, 7, generator=g),  # 13 rows over 2/3/4 ranks: uneven
+            "w": torch.randn(9, 10, generator=g).bfloat16(),
+            "bias": torch.randn(5, generator=g),
+            "scale": torch.tensor(0.5),
+            "conv": torch.randn(6, 3, 2, 2, generator=g),
+        },
+        "optim": {
+            "state": {"0": {"step": torch.tensor(7.0), "exp_avg": torch.randn(13, 7, generator=g)}},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": ["0"]}],
+        },
+        "epoch": 4,
+    }
+
+
+def load_all_layouts(rank: int, world: int, report: Any, path: str, meshes: list[tuple[int, ...]]) -> list[Any]:
+    """Every layout on every mesh shape, in one process group (one spawn per world size)."""
+    from dcpstudio.core.load import LAYOUTS, load_rank
+
+    out = []
+    for mesh in meshes:
+        for layout in LAYOUTS:
+            out.append((layout, mesh, load_rank(rank, world, report, path, layout, mesh)))
+    return out
+
+
+def die_midway(rank: int, world: int, report: Any, path: str) -> None:
+    """Rank 1 kills itself with SIGKILL while the others wait in a collective."""
+    import signal
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def raise_on_rank(rank: int, world: int, report: Any, path: str) -> None:
+    import torch.distributed as dist
+
+    if rank == world - 1:
+        raise ValueError("bad shard on purpose")
+    dist.barrier()
+
+
+def hang_on_rank(rank: int, world: int, report: Any, path: str) -> None:
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(3600)
+    dist.barrier()
