@@ -204,6 +204,8 @@ class TorchSaveReader(StorageReader):
                         dist.send(payload.to(device), dst=r)
                         self.bytes_sent += payload.numel()
                     pending[r] -= 1
+                    del payload
+                del full  # before the next tensor is read: one whole tensor in memory at a time
                 self._file.release()
         except Exception as e:
             note = f"{type(e).__name__}\n{e}".encode()[:4000]
