@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QSplitter,
+    QTabWidget,
     QTreeView,
     QVBoxLayout,
     QWidget,
@@ -37,6 +38,7 @@ from dcpstudio.core import (
     open_checkpoint,
     tensor_stats,
 )
+from dcpstudio.core.load import run_load
 from dcpstudio.core.report import diff_text, human_bytes
 
 from .notify import Notifier
@@ -45,6 +47,7 @@ from .tree_model import NODE_ROLE, CheckpointTreeModel, NameFilterProxy
 from .widgets.convert_panel import ConvertPanel, dropped_paths
 from .widgets.details import DetailsPanel
 from .widgets.file_browser import FileBrowser
+from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
 from .workers import Job
 
@@ -111,7 +114,13 @@ class MainWindow(QMainWindow):
         rlay = QVBoxLayout(right)
         rlay.setContentsMargins(0, 0, 0, 0)
         rlay.addWidget(self.details, 1)
-        rlay.addWidget(self.panel)
+        self.load_panel = LoadPanel()
+        self.load_panel.load_requested.connect(self.load_on_ranks)
+        self.load_panel.cancel_requested.connect(lambda: self._cancel("load"))
+        self.actions_tabs = QTabWidget()
+        self.actions_tabs.addTab(self.panel, "Convert")
+        self.actions_tabs.addTab(self.load_panel, "Load on ranks")
+        rlay.addWidget(self.actions_tabs)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.browser)
         split.addWidget(middle)
@@ -194,6 +203,8 @@ class MainWindow(QMainWindow):
     def _job_progress(self, kind: str, p: Any) -> None:
         if kind in ("convert", "verify"):
             self.panel.set_progress(p.fraction, p.current)
+        elif kind == "load":
+            self.load_panel.rank_progress(p)
 
     def _job_failed(self, kind: str, exc: BaseException) -> None:
         actions = []
@@ -370,6 +381,25 @@ class MainWindow(QMainWindow):
             self.panel.set_result(diff_text(report), can_open=True)
 
         return self._start("verify", work, done, lambda: self.panel.set_busy(False))
+
+    # -- multi-rank load ---------------------------------------------------------------------------
+    def load_on_ranks(self) -> Job | None:
+        if self.ckpt is None:
+            self.notifier.info("Open a checkpoint first (a torch.save file or a DCP directory).")
+            return None
+        path = self.ckpt.path
+        ranks = self.load_panel.ranks.value()
+        layout = self.load_panel.layout_box.currentText()
+        mesh = self.load_panel.mesh.text().strip() or None
+        self.load_panel.start(ranks)
+
+        def work(progress: Any, cancel: Any) -> list[Any]:
+            return run_load(path, ranks=ranks, layout=layout, mesh=mesh, on_progress=progress, cancel=cancel)
+
+        job = self._start("load", work, self.load_panel.show_reports, lambda: self.load_panel.set_busy(False))
+        job.cancelled.connect(lambda: self.load_panel.status.setText("Cancelled; the ranks were stopped."))
+        job.errored.connect(lambda e: self.load_panel.status.setText(f"Failed: {e}"))
+        return job
 
     # -- drag and drop -----------------------------------------------------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:

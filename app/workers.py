@@ -38,7 +38,7 @@ class _Runner(QObject):
 
     def _report(self, p: Progress) -> None:
         now = time.monotonic()
-        if now - self._last >= self._interval or p.fraction >= 1.0:
+        if not isinstance(p, Progress) or now - self._last >= self._interval or p.fraction >= 1.0:
             self._last = now
             self.progress.emit(p)
 

@@ -297,3 +297,26 @@ def test_demo_opens_the_window_on_generated_checkpoints(
     assert w.ckpt is not None and w.ckpt.format == "dcp" and w.ckpt.path == tmp_path / "dcpstudio" / "demo" / "demo_dcp"
     assert (tmp_path / "dcpstudio" / "demo" / "demo.pt").is_file()
     w.close()
+
+
+def test_load_on_ranks_panel(qtbot: Any, window: MainWindow, rich_pt: Path) -> None:
+    import multiprocessing
+
+    open_by_drop(qtbot, window, rich_pt)
+    window.actions_tabs.setCurrentWidget(window.load_panel)
+    window.load_panel.ranks.setValue(2)
+    window.load_panel.layout_box.setCurrentText("shard1")
+    qtbot.mouseClick(window.load_panel.load_button, Qt.MouseButton.LeftButton)
+    assert len(window.load_panel.bars) == 2 and window.load_panel.cancel_button.isEnabled()
+    finish(qtbot, window, "load")
+    table = window.load_panel.table
+    assert table.rowCount() == 2
+    assert all(table.item(r, 6).text().startswith("ok") for r in range(2)), [table.item(r, 6).text() for r in range(2)]
+    assert all(bar.value() == 100 for bar in window.load_panel.bars)
+    assert "Every shard matches" in window.load_panel.status.text()
+    # a cancelled load stops its ranks
+    qtbot.mouseClick(window.load_panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(window.load_panel.cancel_button, Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "load")
+    assert "Cancelled" in window.load_panel.status.text()
+    assert multiprocessing.active_children() == []

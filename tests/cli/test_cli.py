@@ -172,3 +172,12 @@ def test_convert_to_safetensors_with_shards(rich_pt: Path, tmp_path: Path, capsy
     capsys.readouterr()
     assert main(["convert", str(rich_pt), str(tmp_path / "x"), "--to", "safetensors", "--max-shard-size", "lots"]) == 2
     assert "invalid size" in capsys.readouterr().err
+
+
+def test_load_command(rich_pt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["load", str(rich_pt), "--ranks", "2", "--layout", "fsdp"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["rank", "load", "time"] and len(out) == 3
+    assert all("ok (" in line for line in out[1:])
+    assert main(["load", str(rich_pt), "--ranks", "3", "--mesh", "2x2"]) == 2
+    assert "needs 4 ranks" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+""" "Load on N ranks": spawn local ranks that load the open checkpoint into a sharded layout and
+check every shard; one progress bar per rank and the per-rank result table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from dcpstudio.core.load import LAYOUTS
+from dcpstudio.core.report import human_bytes
+
+__all__ = ["LoadPanel"]
+
+
+class LoadPanel(QGroupBox):
+    load_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Load on N ranks", parent)
+        self.ranks = QSpinBox()
+        self.ranks.setRange(1, 64)
+        self.ranks.setValue(2)
+        self.layout_box = QComboBox()
+        self.layout_box.addItems(list(LAYOUTS))
+        self.layout_box.setCurrentText("shard0")
+        self.mesh = QLineEdit()
+        self.mesh.setPlaceholderText("mesh, e.g. 2x2 (empty: 1-D)")
+        form = QFormLayout()
+        form.addRow("Ranks", self.ranks)
+        form.addRow("Layout", self.layout_box)
+        form.addRow("Mesh", self.mesh)
+        self.load_button = QPushButton("Load and check")
+        self.load_button.clicked.connect(self.load_requested)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.load_button)
+        buttons.addWidget(self.cancel_button)
+        self.bars_box = QVBoxLayout()
+        self.bars: list[QProgressBar] = []
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.table = QTableWidget(0, 7)
+        self.table.setHorizontalHeaderLabels(
+            ["rank", "load time", "received", "sent", "local shards", "peak RSS", "check"]
+        )
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addLayout(buttons)
+        lay.addLayout(self.bars_box)
+        lay.addWidget(self.status)
+        lay.addWidget(self.table)
+        self.set_busy(False)
+
+    def start(self, ranks: int) -> None:
+        for bar in self.bars:
+            self.bars_box.removeWidget(bar)
+            bar.deleteLater()
+        self.bars = []
+        for r in range(ranks):
+            bar = QProgressBar()
+            bar.setRange(0, 100)
+            bar.setFormat(f"rank {r}: %p%")
+            self.bars_box.addWidget(bar)
+            self.bars.append(bar)
+        self.table.setRowCount(0)
+        self.status.setText(f"Starting {ranks} ranks…")
+        self.set_busy(True)
+
+    def set_busy(self, busy: bool) -> None:
+        self.load_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+
+    def rank_progress(self, p: Any) -> None:
+        if 0 <= p.rank < len(self.bars):
+            self.bars[p.rank].setValue(int(p.fraction * 100))
+            self.bars[p.rank].setFormat(f"rank {p.rank}: {p.stage} %p%")
+
+    def show_reports(self, reports: list[Any]) -> None:
+        self.table.setRowCount(len(reports))
+        for row, r in enumerate(reports):
+            check = f"ok ({r.checked})" if r.ok else "MISMATCH: " + ", ".join(r.mismatches[:3])
+            cells = [
+                r.rank,
+                f"{r.seconds:.2f} s",
+                human_bytes(r.bytes_received),
+                human_bytes(r.bytes_sent),
+                human_bytes(r.local_bytes),
+                human_bytes(r.peak_rss),
+                check,
+            ]
+            for col, value in enumerate(cells):
+                self.table.setItem(row, col, QTableWidgetItem(str(value)))
+        ok = all(r.ok for r in reports)
+        self.status.setText("Every shard matches the source." if ok else "Some shards differ from the source.")
