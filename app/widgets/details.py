@@ -73,8 +73,10 @@ class DetailsPanel(QStackedWidget):
             self.prop_labels[key] = label
             self.props.addRow(key, label)
         self.chunk_table = _table(["offsets", "sizes", "file", "offset", "length", "data offset"])
+        self.chunk_table.setMaximumHeight(150)
         self.drawing = ChunkDrawing()
         self.preview = _table([])
+        self.preview.setMinimumHeight(160)
         self.stats_label = QLabel()
         self.stats_label.setWordWrap(True)
         self.histogram = Histogram()
