@@ -5,23 +5,25 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["run"]
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+__all__ = ["create_window", "run"]
 
 
-def run(paths: Sequence[str] = (), *, demo: bool = False) -> int:
+def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindow:
+    """The configured, shown main window (the QApplication must exist)."""
     from PySide6.QtWidgets import QApplication
 
     from .main_window import MainWindow
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setApplicationName("DCP Studio")
-    app.setOrganizationName("DCPStudio")
+    app = QApplication.instance()
     style = Path(__file__).with_name("style.qss")
-    if style.is_file():
-        app.setStyleSheet(style.read_text())  # type: ignore[attr-defined]
+    if isinstance(app, QApplication) and style.is_file():
+        app.setStyleSheet(style.read_text())
     window = MainWindow()
-    window.notifier.install_hooks()
     if demo:
         from dcpstudio.core.demo import write_demo
 
@@ -32,4 +34,15 @@ def run(paths: Sequence[str] = (), *, demo: bool = False) -> int:
     elif paths:
         window.open_path(Path(paths[0]))
     window.show()
+    return window
+
+
+def run(paths: Sequence[str] = (), *, demo: bool = False) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("DCP Studio")
+    app.setOrganizationName("DCPStudio")
+    window = create_window(paths, demo=demo)
+    window.notifier.install_hooks()
     return int(app.exec())

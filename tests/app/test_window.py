@@ -225,11 +225,12 @@ def test_settings_remember_geometry_and_recent(qtbot: Any, rich_pt: Path) -> Non
     w = MainWindow()
     w.show()
     open_by_drop(qtbot, w, rich_pt)
-    w.resize(700, 500)
+    w.resize(700, 500)  # the window keeps at least its minimum size
+    size = (w.size().width(), w.size().height())
     w.close()
     again = MainWindow()
     assert again.settings.recent()[0] == str(rich_pt) and again.settings.last_dir() == str(rich_pt.parent)
-    assert (again.size().width(), again.size().height()) == (700, 500)
+    assert (again.size().width(), again.size().height()) == size
     again.close()
 
 
@@ -270,32 +271,16 @@ def test_errors_from_other_threads_reach_the_message_bar(qtbot: Any, window: Mai
 def test_demo_opens_the_window_on_generated_checkpoints(
     qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from PySide6.QtWidgets import QApplication
-
-    from dcpstudio.app.main import run
+    from dcpstudio.app.main import create_window
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    app = QApplication.instance()
-    windows: list[MainWindow] = []
-
-    def check_and_quit() -> None:
-        found = [w for w in app.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]  # type: ignore[union-attr]
-        if found and found[0].ckpt is not None:
-            windows.append(found[0])
-            app.quit()  # type: ignore[union-attr]
-        else:
-            QTimer.singleShot(50, check_and_quit)
-
-    QTimer.singleShot(50, check_and_quit)
-    saved = __import__("sys").excepthook
-    try:
-        assert run(demo=True) == 0
-    finally:
-        __import__("sys").excepthook = saved
-        threading.excepthook = threading.__excepthook__
-    (w,) = windows
-    assert w.ckpt is not None and w.ckpt.format == "dcp" and w.ckpt.path == tmp_path / "dcpstudio" / "demo" / "demo_dcp"
+    w = create_window(demo=True)
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.ckpt is not None, timeout=20_000)
+    assert w.isVisible() and w.ckpt is not None and w.ckpt.format == "dcp"
+    assert w.ckpt.path == tmp_path / "dcpstudio" / "demo" / "demo_dcp"
     assert (tmp_path / "dcpstudio" / "demo" / "demo.pt").is_file()
+    assert str(tmp_path / "dcpstudio" / "demo" / "demo.pt") in w.settings.recent()
     w.close()
 
 
