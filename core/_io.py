@@ -48,10 +48,15 @@ def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
         fd = -1
     view = out
     pos = offset
+    if offset < 0:
+        raise CorruptCheckpointError(f"{label}: negative data offset {offset}")
     if fd < 0:
         f.seek(offset)
     while len(view):
-        got = os.preadv(fd, [view], pos) if fd >= 0 else f.readinto(view)  # type: ignore[attr-defined]
+        try:
+            got = os.preadv(fd, [view], pos) if fd >= 0 else f.readinto(view)  # type: ignore[attr-defined]
+        except (OSError, OverflowError) as e:
+            raise CorruptCheckpointError(f"{label}: cannot read {len(out)} bytes at offset {offset} ({e})") from e
         if not got:
             raise CorruptCheckpointError(
                 f"{label}: expected {len(out)} bytes at offset {offset}, the file ends early (truncated?)"

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from ._atomic import atomic_output
 from ._io import FileRange, crc32, tensor_buffer
 from ._pipeline import prefetch
-from .errors import DCPStudioError, UnsupportedFormatError
+from .errors import CorruptCheckpointError, DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPReader, DCPWriter, read_metadata
 from .formats.detect import detect_format
 from .formats.torchsave import TorchSaveFile, TorchSaveWriter, archive_name
@@ -95,7 +95,10 @@ def torch_save_to_dcp(
             raise UnsupportedFormatError(
                 f"{src_p}: holds a {type(tsf.obj).__name__}; DCP stores a dict (state dict) at the top level"
             )
-        flat, _ = flatten_state_dict(tsf.obj)
+        try:
+            flat, _ = flatten_state_dict(tsf.obj)
+        except (ValueError, RecursionError) as e:
+            raise CorruptCheckpointError(f"{src_p}: cannot flatten its names ({type(e).__name__}: {e})") from e
         kept = {k: v for k, v in flat.items() if keep(k)}
         tensors = [v for v in kept.values() if isinstance(v, torch.Tensor)]
         total = sum(t.numel() * t.element_size() for t in tensors)

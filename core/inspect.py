@@ -134,6 +134,22 @@ class Checkpoint:
         self.close()
 
 
+def _damaged_metadata(method: Any) -> Any:
+    """Light metadata records hold whatever the pickle put in them: a missing or mistyped field
+    means a damaged ``.metadata``, reported as such."""
+
+    @functools.wraps(method)
+    def wrapper(self: DCPCheckpoint, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (AttributeError, TypeError, IndexError) as e:
+            raise CorruptCheckpointError(
+                f"{self.path / METADATA_FILE}: damaged metadata ({type(e).__name__}: {e})"
+            ) from e
+
+    return wrapper
+
+
 class DCPCheckpoint(Checkpoint):
     format: Format = "dcp"
 
@@ -171,6 +187,8 @@ class DCPCheckpoint(Checkpoint):
         self._index: dict[str, dict[tuple[int, ...], Any]] | None = None
         self._files: dict[str, IO[bytes]] = {}
 
+    @_damaged_metadata
+    @_damaged_metadata
     def _storage(self) -> dict[str, dict[tuple[int, ...], Any]]:
         """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
         opened without its storage index; this parses the whole pickle then (100k tensors: ~1.5 s)."""
@@ -205,6 +223,7 @@ class DCPCheckpoint(Checkpoint):
             raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn} at {list(offsets)}")
         return info
 
+    @_damaged_metadata
     def chunks(self, fqn: str) -> list[Chunk]:
         entry = self.entry(fqn)
         if entry.kind != "tensor":
@@ -217,6 +236,7 @@ class DCPCheckpoint(Checkpoint):
             out.append(Chunk(offsets, sizes, info.relative_path, info.offset, info.length))
         return out
 
+    @_damaged_metadata
     def resolve_chunks(self, fqn: str) -> list[Chunk]:
         out = []
         files: dict[str, IO[bytes]] = {}
@@ -250,6 +270,7 @@ class DCPCheckpoint(Checkpoint):
                 raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
         return f
 
+    @_damaged_metadata
     def file_range(self, fqn: str) -> FileRange | None:
         entry = self.entry(fqn)
         chunks = self.chunks(fqn) if entry.kind == "tensor" else []
@@ -270,6 +291,7 @@ class DCPCheckpoint(Checkpoint):
             f.close()
         self._files.clear()
 
+    @_damaged_metadata
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         entry = self.entry(fqn)
         if entry.kind != "tensor":
@@ -318,9 +340,9 @@ class TorchCheckpoint(Checkpoint):
         obj = self._file.obj
         try:
             flat, _ = flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, None)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             self._file.close()
-            raise CorruptCheckpointError(f"{path}: names collide when flattened ({e})") from e
+            raise CorruptCheckpointError(f"{path}: cannot flatten its names ({type(e).__name__}: {e})") from e
         self._values = flat
         entries: dict[str, Entry] = {}
         by_storage: dict[str, list[str]] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -53,8 +54,24 @@ def safe_torch_load(data: io.BytesIO, label: str, *, trust: bool = False) -> Any
         if not trust:
             raise UnsafePickleError(_unsafe_message(label, e)) from e
         raise CorruptCheckpointError(f"{label}: damaged pickle ({e})") from e
-    except (RuntimeError, EOFError, ValueError, KeyError, AttributeError, ImportError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: damaged value ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    except (
+        RuntimeError,
+        EOFError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        ImportError,
+        TypeError,
+        IndexError,
+        OverflowError,
+        MemoryError,
+        RecursionError,
+        UnicodeDecodeError,
+        NotImplementedError,
+        struct.error,
+    ) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CorruptCheckpointError(f"{label}: damaged value ({type(e).__name__}: {first})") from e
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

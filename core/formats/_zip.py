@@ -85,7 +85,18 @@ def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | No
     try:
         zf = zipfile.ZipFile(view)
         infos = zf.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, struct.error) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        OSError,
+        ValueError,
+        struct.error,
+        NotImplementedError,
+        EOFError,
+        KeyError,
+        OverflowError,
+        UnicodeDecodeError,
+    ) as e:
         raise CorruptCheckpointError(f"{label}: not a readable ZIP archive ({e}); the file may be truncated") from e
     records = {}
     for info in infos:

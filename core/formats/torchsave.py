@@ -19,6 +19,7 @@ import pickle
 import struct
 import sys
 import zipfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -131,8 +132,11 @@ class TorchSaveFile:
     def _record_bytes(self, name: str, offset: int, size: int, stored: bool) -> bytes:
         if stored:
             return self._read_small(offset, size)
-        with zipfile.ZipFile(self._f) as zf:
-            return zf.read(name)
+        try:
+            with zipfile.ZipFile(self._f) as zf:
+                return zf.read(name)
+        except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
+            raise CorruptCheckpointError(f"{self.label}: cannot read record {name} ({e})") from e
 
     # -- reading -------------------------------------------------------------------------------
     def location(self, ref: StorageRef) -> tuple[int, int]:
@@ -158,13 +162,16 @@ class TorchSaveFile:
             return self._cache[1]
         buf = torch.empty(ref.nbytes, dtype=torch.uint8)
         if ref.key in self._compressed:
-            with zipfile.ZipFile(self._f) as zf, zf.open(self._compressed[ref.key]) as member:
-                view = tensor_buffer(buf)
-                while len(view):
-                    got = member.readinto(view)  # type: ignore[attr-defined]
-                    if not got:
-                        raise CorruptCheckpointError(f"{self.label}: storage {ref.key} is truncated")
-                    view = view[got:]
+            try:
+                with zipfile.ZipFile(self._f) as zf, zf.open(self._compressed[ref.key]) as member:
+                    view = tensor_buffer(buf)
+                    while len(view):
+                        got = member.readinto(view)  # type: ignore[attr-defined]
+                        if not got:
+                            raise CorruptCheckpointError(f"{self.label}: storage {ref.key} is truncated")
+                        view = view[got:]
+            except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
+                raise CorruptCheckpointError(f"{self.label}: cannot read storage {ref.key} ({e})") from e
         else:
             read_exact(self._f, self._locations[ref.key][0], tensor_buffer(buf), self.label)
         if self._big_endian:
