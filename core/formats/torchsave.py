@@ -330,7 +330,7 @@ class TorchSaveWriter:
     def finish(self) -> None:
         """Write the trailing records and the central directory."""
         self._zip.write("version", b"3\n")
-        self._zip.write(".data/serialization_id", str(int.from_bytes(os.urandom(16), "little")).encode())
+        self._zip.write(".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())
         self._zip.close()
 
 

@@ -17,7 +17,6 @@ import struct
 import sys
 import traceback
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,11 @@ def make_bases(work: Path) -> dict[str, Path]:
 
     g = torch.Generator().manual_seed(0)
     sd = {
-        "model": {"w": torch.randn(8, 4, generator=g), "b": torch.randn(4, generator=g).bfloat16(), "t": torch.arange(6)},
+        "model": {
+            "w": torch.randn(8, 4, generator=g),
+            "b": torch.randn(4, generator=g).bfloat16(),
+            "t": torch.arange(6),
+        },
         "step": 3,
         "cfg": {"name": "x", "lr": 0.5},
     }
@@ -157,8 +160,13 @@ def main() -> int:
             summary["failures"].append({"case": n, "kind": kind, "mutation": how, "error": "hang"})
         except BaseException as e:
             summary["failures"].append(
-                {"case": n, "kind": kind, "mutation": how, "error": f"{type(e).__name__}: {str(e)[:200]}",
-                 "where": traceback.format_exc().splitlines()[-3][:200]}
+                {
+                    "case": n,
+                    "kind": kind,
+                    "mutation": how,
+                    "error": f"{type(e).__name__}: {str(e)[:200]}",
+                    "where": traceback.format_exc().splitlines()[-3][:200],
+                }
             )
         finally:
             signal.alarm(0)
