@@ -37,7 +37,8 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
     return window
 
 
-def run(paths: Sequence[str] = (), *, demo: bool = False) -> int:
+def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | None = None) -> int:
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -45,4 +46,6 @@ def run(paths: Sequence[str] = (), *, demo: bool = False) -> int:
     app.setOrganizationName("DCPStudio")
     window = create_window(paths, demo=demo)
     window.notifier.install_hooks()
+    if quit_after is not None:
+        QTimer.singleShot(int(quit_after * 1000), window.close)
     return int(app.exec())

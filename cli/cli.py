@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write a demo DCP checkpoint and torch.save file, and open the window on them",
     )
+    parser.add_argument(
+        "--quit-after", type=float, metavar="SECONDS", help="close the window after SECONDS (smoke tests)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
@@ -304,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None or args.command == "open":
         from dcpstudio.app.main import run
 
-        return run([args.path] if args.command == "open" else [], demo=args.demo)
+        return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
     warnings.showwarning = _show_warning
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 
