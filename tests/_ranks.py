@@ -157,6 +157,7 @@ def die_midway(rank: int, world: int, report: Any, path: str) -> None:
     import torch.distributed as dist
 
     if rank == 1:
+        Path(f"{path}.killed-at").write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
 

@@ -52,10 +52,10 @@ def test_dcp_source_reshards_into_another_world_size(multirank_dcp: Path) -> Non
 
 
 def test_a_killed_rank_is_reported_and_nothing_is_left(loadable: Path) -> None:
-    t0 = time.monotonic()
     with pytest.raises(LaunchError, match=r"rank 1 was killed \(SIGKILL\)"):
         launch(_ranks.die_midway, (str(loadable),), nprocs=3, timeout=120)
-    assert time.monotonic() - t0 < 20
+    killed_at = float(Path(f"{loadable}.killed-at").read_text())
+    assert time.time() - killed_at < 10  # reported (and the others stopped) within 10 s of the death
     assert multiprocessing.active_children() == []
 
 
