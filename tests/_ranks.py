@@ -6,7 +6,6 @@ Run with the ``spawn`` start method, so the worker lives in an importable module
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -38,86 +37,51 @@ def expected_state_dict() -> dict[str, Any]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from dcpstudio.core.launch import free_port as pick
+
+    return pick()
 
 
-def _save_worker(rank: int, world: int, port: int, out: str) -> None:
-    import torch.distributed as dist
+def _save_worker(rank: int, world: int, report: Any, out: str) -> None:
+    """Runs under dcpstudio.core.launch.launch (process group already initialised)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        placements = {"shard0": [Shard(0)], "shard1": [Shard(1)], "replicate": [Replicate()]}
-        sd = expected_state_dict()
-        for name, (_, _, layout) in SHAPES.items():
-            sd["model"][name.split(".", 1)[1]] = distribute_tensor(full_tensor(name), mesh, placements[layout])
-        dcp.save(sd, checkpoint_id=out)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,))
+    placements = {"shard0": [Shard(0)], "shard1": [Shard(1)], "replicate": [Replicate()]}
+    sd = expected_state_dict()
+    for name, (_, _, layout) in SHAPES.items():
+        sd["model"][name.split(".", 1)[1]] = distribute_tensor(full_tensor(name), mesh, placements[layout])
+    dcp.save(sd, checkpoint_id=out)
 
 
 def save_multirank(out: Path, world: int = 3, timeout: float = 120.0) -> None:
     """Write a DCP checkpoint from ``world`` gloo ranks; fails (never hangs) within ``timeout``."""
-    import torch.multiprocessing as mp
+    from dcpstudio.core.launch import launch
 
-    ctx = mp.start_processes(
-        _save_worker, args=(world, free_port(), str(out)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"multi-rank save did not finish in {timeout} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    launch(_save_worker, (str(out),), nprocs=world, timeout=timeout)
 
 
-def _save_model_worker(rank: int, world: int, port: int, out: str) -> None:
-    import torch.distributed as dist
+def _save_model_worker(rank: int, world: int, report: Any, out: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from dcpstudio.core.demo import llama_like_state_dict
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        sd = llama_like_state_dict(16 << 20)
-        for name, t in sd["model"].items():
-            sd["model"][name] = distribute_tensor(t, mesh, [Shard(0)] if t.dim() == 2 else [Replicate()])
-        dcp.save(sd, checkpoint_id=out)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,))
+    sd = llama_like_state_dict(16 << 20)
+    for name, t in sd["model"].items():
+        sd["model"][name] = distribute_tensor(t, mesh, [Shard(0)] if t.dim() == 2 else [Replicate()])
+    dcp.save(sd, checkpoint_id=out)
 
 
 def save_sharded_model(out: Path, world: int = 3, timeout: float = 120.0) -> None:
     """A llama-like model saved by ``world`` ranks, matrices sharded by rows (for screenshots)."""
-    import torch.multiprocessing as mp
+    from dcpstudio.core.launch import launch
 
-    ctx = mp.start_processes(
-        _save_model_worker, args=(world, free_port(), str(out)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"multi-rank save did not finish in {timeout} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    launch(_save_model_worker, (str(out),), nprocs=world, timeout=timeout)
 
 
 def loadable_state_dict() -> dict[str, Any]:
