@@ -27,7 +27,7 @@ from torch.distributed.tensor import empty as dtensor_empty
 
 from .convert import _unwrap
 from .diff import _objects_equal
-from .distributed import TorchSaveReader
+from .distributed import TorchSaveReader, _rebuild_error
 from .formats.dcp import DCPReader
 from .formats.detect import detect_format
 from .inspect import open_checkpoint
@@ -120,12 +120,20 @@ def load_rank(
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, tuple(mesh_shape))
     box: list[Any] = [None]
-    if rank == 0:
-        with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
-            box[0] = {fqn: (e.dtype, e.shape) if e.kind == "tensor" else None for fqn, e in ckpt.entries.items()}
+    if rank == 0:  # a failure is broadcast too: every rank raises it instead of waiting forever
+        try:
+            with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+                box[0] = (
+                    "ok",
+                    {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()},
+                )
+        except Exception as e:
+            box[0] = ("error", type(e).__name__, str(e))
     dist.broadcast_object_list(box, src=0)
+    if box[0][0] == "error":
+        raise _rebuild_error(box[0][1], box[0][2])
     report("planned", 0.1)
-    target = build_target(box[0], layout, mesh)
+    target = build_target(box[0][1], layout, mesh)
     is_dcp = detect_format(path) == "dcp"
     reader: Any = (
         DCPReader(path, trust_pickle=trust_pickle) if is_dcp else TorchSaveReader(path, trust_pickle=trust_pickle)

@@ -127,14 +127,17 @@ def test_hostile_safetensors_header(tmp_path: Path, op: str) -> None:
         _run(op, src, tmp_path / "out")
 
 
-def test_hostile_source_for_the_multi_rank_loader(tmp_path: Path) -> None:
-    from dcpstudio.core.load import run_load
+@pytest.mark.parametrize("place", ["data.pkl", ".metadata"])
+def test_hostile_source_for_the_multi_rank_loader(tmp_path: Path, place: str) -> None:
+    """Every rank fails with the coordinator's error; none is left waiting (or needs killing)."""
+    from dcpstudio.core.launch import launch
+    from dcpstudio.core.load import load_rank
 
     marker = tmp_path / "PAYLOAD_RAN"
-    src = tmp_path / "evil.pt"
-    _torch_with_pickle(src, _payloads(marker)["reduce-exec"])
-    with pytest.raises(DCPStudioError, match="refused"):
-        run_load(src, ranks=2, timeout=120)
+    src = tmp_path / "evil"
+    PLACES[place](src, _payloads(marker)["reduce-exec"])
+    with pytest.raises(DCPStudioError, match=r"rank \d: UnsafePickleError: .*refused"):
+        launch(load_rank, (str(src), "shard0", (2,)), nprocs=2, timeout=60)
     assert not marker.exists()
 
 
