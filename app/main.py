@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,14 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
+    headless = not any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+    if sys.platform.startswith("linux") and headless and QApplication.instance() is None:
+        from dcpstudio.core.errors import DCPStudioError
+
+        raise DCPStudioError(
+            "no display to open the window on (DISPLAY is not set); run it under xvfb-run, "
+            "or use `dcpstudio demo` / the other subcommands on the terminal"
+        )
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("DCP Studio")
     app.setOrganizationName("DCPStudio")

@@ -304,14 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _run_verify,
         "demo": _run_demo,
     }
-    if args.command is None or args.command == "open":
-        from dcpstudio.app.main import run
-
-        return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
     warnings.showwarning = _show_warning
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 
     try:
+        if args.command is None or args.command == "open":
+            from dcpstudio.app.main import run
+
+            return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
         return commands[args.command](args)
     except CancelledError:
         print("dcpstudio: cancelled; nothing was written", file=sys.stderr)

@@ -181,3 +181,18 @@ def test_load_command(rich_pt: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert all("ok (" in line for line in out[1:])
     assert main(["load", str(rich_pt), "--ranks", "3", "--mesh", "2x2"]) == 2
     assert "needs 4 ranks" in capsys.readouterr().err
+
+
+def test_window_without_a_display_is_a_one_line_error(tmp_path: Path) -> None:
+    env = {
+        k: v for k, v in __import__("os").environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "dcpstudio", "--demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "XDG_DATA_HOME": str(tmp_path)},
+    )
+    assert out.returncode == 1 and "no display" in out.stderr and "xvfb-run" in out.stderr
+    assert "Traceback" not in out.stderr
