@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -111,20 +111,8 @@ def torch_save_to_dcp(
                 value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0, current=fqn
             )
 
-        try:
-            with atomic_output(dst_p, overwrite=overwrite) as tmp:
-                writer = DCPWriter(tmp, on_item=on_item)
-                planner = LazySavePlanner(
-                    tsf.materialize, keep, before_item=reporter.check, source_range=tsf.source_range
-                )
-                try:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
-                        dcp.save(tsf.obj, storage_writer=writer, planner=planner, no_dist=True)
-                except CheckpointException as e:
-                    raise _unwrap(e) from None
-        except OSError as e:
-            raise _io_error(dst_p, e) from e
+        planner = LazySavePlanner(tsf.materialize, keep, before_item=reporter.check, source_range=tsf.source_range)
+        save_as_dcp(tsf.obj, dst_p, overwrite, planner, on_item)
     return ConversionResult(src_p, dst_p, "dcp", len(tensors), len(kept) - len(tensors), total)
 
 
@@ -220,7 +208,7 @@ def dcp_to_torch_save(
                 dests[fqn] = torch.empty(p.size(), dtype=p.dtype)
         if dests:
             _read_values(reader, md, dests, trust_pickle)
-        out: list[tuple[str, FileRange | tuple[torch.Tensor, int]]] = []
+        out: Loaded = []
         for key, p in batch:
             if key in ranges:
                 out.append((key, ranges[key]))
@@ -230,15 +218,52 @@ def dcp_to_torch_save(
         return out
 
     try:
-        with atomic_output(dst_p, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
-            writer = TorchSaveWriter(f, archive_name(dst_p))
-            order = writer.write_pickle(state_dict, placeholders)
+        write_torch_save(dst_p, overwrite, state_dict, placeholders, load_batch, reporter, str(src_p), fqn_of)
+    finally:
+        reader.close()
+    return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
+
+
+Loaded = list[tuple[str, "FileRange | tuple[torch.Tensor, int]"]]
+
+
+def save_as_dcp(state: dict[str, Any], dst: Path, overwrite: bool, planner: LazySavePlanner, on_item: Any) -> None:
+    """``dcp.save`` of a lazily materialised state dict into ``dst``, atomically, errors unwrapped."""
+    try:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
+                    dcp.save(state, storage_writer=DCPWriter(tmp, on_item=on_item), planner=planner, no_dist=True)
+            except CheckpointException as e:
+                raise _unwrap(e) from None
+    except OSError as e:
+        raise _io_error(dst, e) from e
+
+
+def write_torch_save(
+    dst: Path,
+    overwrite: bool,
+    state: Any,
+    placeholders: dict[int, torch.Tensor],
+    load: Callable[[list[tuple[str, torch.Tensor]]], Loaded],
+    reporter: Reporter,
+    src_label: str,
+    fqn_of: dict[int, str],
+) -> None:
+    """Stream a torch.save file: the pickle, then each placeholder's storage from ``load(batch)`` --
+    copied in the kernel (a :class:`FileRange`) or written from memory with its CRC -- while the
+    next batch loads on a helper thread."""
+    try:
+        with atomic_output(dst, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+            writer = TorchSaveWriter(f, archive_name(dst))
+            order = writer.write_pickle(state, placeholders)
             writer.write_pending_real_storages()
             fqn_of_key = {key: fqn_of[id(p)] for key, p in order}
-            for _batch, loaded in prefetch(load_batch, _tensor_batches(order)):
+            for _batch, loaded in prefetch(load, _tensor_batches(order)):
                 for key, data in loaded:
                     if isinstance(data, FileRange):
-                        writer.copy_storage(key, data, f"{src_p} ({fqn_of_key[key]})")
+                        writer.copy_storage(key, data, f"{src_label} ({fqn_of_key[key]})")
                         nbytes = data.nbytes
                     else:
                         writer.write_storage(key, data[0], data[1])
@@ -248,10 +273,7 @@ def dcp_to_torch_save(
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise _io_error(dst_p, e) from e
-    finally:
-        reader.close()
-    return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
+        raise _io_error(dst, e) from e
 
 
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}

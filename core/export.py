@@ -20,17 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from ._atomic import atomic_output
 from ._io import FileRange, crc32, tensor_buffer
 from ._pipeline import prefetch
-from .convert import TRUST_WARNING, ConversionResult, _check_paths, _io_error, _unwrap
+from .convert import TRUST_WARNING, ConversionResult, Loaded, _check_paths, _io_error, save_as_dcp, write_torch_save
 from .errors import DCPStudioError
-from .formats.dcp import DCPWriter
 from .formats.safetensors import SafetensorsWriter
-from .formats.torchsave import TorchSaveWriter, archive_name
 from .inspect import VALUES_KEY, Checkpoint, open_checkpoint
 from .planners import LazySavePlanner, NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -244,24 +240,15 @@ def checkpoint_to_torch(
         reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(state))
         reporter.check()
 
-        def produce(entry: tuple[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        def load(batch: list[tuple[str, torch.Tensor]]) -> Loaded:
             reporter.check()
-            t = ckpt.read_tensor(fqn_of[id(entry[1])])
-            return t, crc32(tensor_buffer(t))
+            out: Loaded = []
+            for key, placeholder in batch:
+                t = ckpt.read_tensor(fqn_of[id(placeholder)])
+                out.append((key, (t, crc32(tensor_buffer(t)))))
+            return out
 
-        try:
-            with atomic_output(dst_p, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
-                writer = TorchSaveWriter(f, archive_name(dst_p))
-                order = writer.write_pickle(state, placeholders)
-                writer.write_pending_real_storages()
-                for (key, placeholder), (tensor, crc) in prefetch(produce, order):
-                    writer.write_storage(key, tensor, crc)
-                    reporter.advance(tensor.numel() * tensor.element_size(), current=fqn_of[id(placeholder)])
-                writer.finish()
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise _io_error(dst_p, e) from e
+        write_torch_save(dst_p, overwrite, state, placeholders, load, reporter, str(src_p), fqn_of)
     return ConversionResult(src_p, dst_p, "torch", len(fqn_of), len(state) - len(fqn_of), total)
 
 
@@ -290,17 +277,8 @@ def checkpoint_to_dcp(
             entry = ckpt.entries.get(fqn)
             reporter.advance(entry.nbytes if entry is not None and entry.kind == "tensor" else 0, current=fqn)
 
-        try:
-            with atomic_output(dst_p, overwrite=overwrite) as tmp:
-                planner = LazySavePlanner(
-                    lambda t: ckpt.read_tensor(fqn_of[id(t)]) if id(t) in fqn_of else t, before_item=reporter.check
-                )
-                try:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
-                        dcp.save(state, storage_writer=DCPWriter(tmp, on_item=on_item), planner=planner, no_dist=True)
-                except CheckpointException as e:
-                    raise _unwrap(e) from None
-        except OSError as e:
-            raise _io_error(dst_p, e) from e
+        planner = LazySavePlanner(
+            lambda t: ckpt.read_tensor(fqn_of[id(t)]) if id(t) in fqn_of else t, before_item=reporter.check
+        )
+        save_as_dcp(state, dst_p, overwrite, planner, on_item)
     return ConversionResult(src_p, dst_p, "dcp", len(fqn_of), len(state) - len(fqn_of), total)
