@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings()
         self.ckpt: Checkpoint | None = None
         self.jobs: dict[str, Job] = {}
+        self._retired: set[Job] = set()  # cancelled jobs whose threads have not ended yet
         self.last_result: ConversionResult | None = None
         self.last_diff: DiffReport | None = None
 
@@ -183,12 +184,15 @@ class MainWindow(QMainWindow):
 
     # -- jobs --------------------------------------------------------------------------------------
     def _start(self, kind: str, fn: Any, on_result: Any, on_done: Any = None) -> Job:
+        """One job per kind: a new one cancels the old, which is kept alive until its thread ends."""
         old = self.jobs.get(kind)
         if old is not None and old.running:
             old.cancel()
+            self._retired.add(old)
+            old.finished.connect(lambda o=old: self._retired.discard(o))
         job = Job(fn, kind, self)
         job.result.connect(on_result)
-        job.errored.connect(lambda e, k=kind: self._job_failed(k, e))
+        job.errored.connect(lambda e, k=kind, j=job: self._job_failed(k, e, j))
         if on_done is not None:
             job.finished.connect(on_done)
         job.progress.connect(lambda p, k=kind: self._job_progress(k, p))
@@ -206,7 +210,9 @@ class MainWindow(QMainWindow):
         elif kind == "load":
             self.load_panel.rank_progress(p)
 
-    def _job_failed(self, kind: str, exc: BaseException) -> None:
+    def _job_failed(self, kind: str, exc: BaseException, job: Job) -> None:
+        if job.token.cancelled:
+            return  # a cancelled job's failure (e.g. its checkpoint was closed) is not news
         actions = []
         if isinstance(exc, UnsafePickleError) and kind == "open" and self._pending_open is not None:
             path = self._pending_open
@@ -229,6 +235,7 @@ class MainWindow(QMainWindow):
         self._start("open", work, self._opened, lambda: self.statusBar().clearMessage())
 
     def _opened(self, ckpt: Checkpoint) -> None:
+        self._cancel("preview")  # it reads the checkpoint about to be closed
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()
@@ -414,10 +421,11 @@ class MainWindow(QMainWindow):
 
     # -- closing -----------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
-        for job in list(self.jobs.values()):
+        jobs = [*self.jobs.values(), *self._retired]
+        for job in jobs:
             if job.running:
                 job.cancel()
-        for job in list(self.jobs.values()):
+        for job in jobs:
             job.wait(30_000)
         self.settings.set_geometry(self.saveGeometry())
         self.settings.sync()

@@ -74,7 +74,7 @@ class Job(QObject):
         super().__init__(parent)
         self.name = name
         self.token = CancelToken()
-        self._thread = QThread()
+        self._thread = QThread(self)  # owned by the job: never destroyed while the job object lives
         self._thread.setObjectName(f"dcpstudio-{name}")
         self._runner = _Runner(fn, self.token, interval)
         self._runner.moveToThread(self._thread)

@@ -305,3 +305,21 @@ def test_load_on_ranks_panel(qtbot: Any, window: MainWindow, rich_pt: Path) -> N
     finish(qtbot, window, "load")
     assert "Cancelled" in window.load_panel.status.text()
     assert multiprocessing.active_children() == []
+
+
+def test_rapid_selection_changes_cancel_old_previews_safely(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    from dcpstudio.core.demo import llama_like_state_dict
+
+    torch.save(llama_like_state_dict(64 << 20), tmp_path / "m.pt")
+    open_by_drop(qtbot, window, tmp_path / "m.pt")
+    names = [f"model.layers.{i}.feed_forward.w1.weight" for i in range(8)]
+    for name in names:  # each selection replaces a running stats job
+        assert window.select(name)
+        qtbot.wait(5)
+    last = names[-1]
+    qtbot.waitUntil(
+        lambda: "min" in window.details.stats_label.text() and window.details.current == last, timeout=30_000
+    )
+    qtbot.waitUntil(lambda: not window._retired, timeout=30_000)  # every cancelled job's thread ended
+    assert window.details.prop_labels["Name"].text() == last
+    assert not window.message_bar.isVisible()  # cancelled jobs report nothing
