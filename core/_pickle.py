@@ -125,6 +125,11 @@ class LazyStorages:
 _GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
 
 
+def _names_a_global(message: str) -> bool:
+    """Whether an unpickling error is a refused import (hostile) rather than damaged data."""
+    return "global" in message.lower()
+
+
 def _unsafe_message(label: str, error: Exception) -> str:
     match = _GLOBAL_RE.search(str(error))
     what = f"'{match.group(1)}'" if match else "an object outside the weights-only allow-list"
@@ -189,7 +194,7 @@ def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust
         raise CorruptCheckpointError(f"{label}: {e}") from e
     except pickle.UnpicklingError as e:
         text = str(e)
-        if not trust and ("GLOBAL" in text or "allowed" in text or "Unsupported" in text):
+        if not trust and _names_a_global(text):
             raise UnsafePickleError(_unsafe_message(label, e)) from e
         raise CorruptCheckpointError(
             f"{label}: damaged pickle ({text.splitlines()[0] if text else 'unreadable'})"

@@ -217,6 +217,11 @@ class DCPCheckpoint(Checkpoint):
         self._storage()  # byte items' sizes count in the totals
         return build_tree(self.entries, self.path.name)
 
+    def _descriptors(self, fqn: str, offsets: tuple[int, ...]) -> list[str] | None:
+        """Stream transforms (e.g. zstd) applied to a stored item, None when it is stored plain."""
+        descriptors = getattr(self._info(fqn, offsets), "transform_descriptors", None)
+        return list(descriptors) if descriptors else None
+
     def _info(self, fqn: str, offsets: tuple[int, ...]) -> Any:
         info = self._storage().get(fqn, {}).get(offsets)
         if info is None:
@@ -242,7 +247,13 @@ class DCPCheckpoint(Checkpoint):
         files: dict[str, IO[bytes]] = {}
         try:
             for c in self.chunks(fqn):
-                if self.entries[fqn].kind != "tensor" or c.file is None or c.offset is None or c.length is None:
+                if (
+                    self.entries[fqn].kind != "tensor"
+                    or c.file is None
+                    or c.offset is None
+                    or c.length is None
+                    or self._descriptors(fqn, c.offsets)  # transformed (compressed): no raw bytes in place
+                ):
                     out.append(c)
                     continue
                 f = files.get(c.file)
@@ -277,6 +288,8 @@ class DCPCheckpoint(Checkpoint):
         if len(chunks) != 1 or any(chunks[0].offsets) or chunks[0].sizes != entry.shape:
             return None
         c = chunks[0]
+        if self._descriptors(fqn, c.offsets):
+            return None
         f = self._file(c.file or "")
         parsed = _open_chunk(f, c.offset or 0, c.length or 0, f"{self.path / (c.file or '')} ({fqn})")
         t = parsed.tensor
@@ -309,7 +322,9 @@ class DCPCheckpoint(Checkpoint):
         )
         reader = DCPReader(self.path, trust_pickle=self._trust)
         reader.storage_data = {
-            MetadataIndex(fqn, torch.Size(c.offsets)): _StorageInfo(c.file or "", c.offset or 0, c.length or 0)
+            MetadataIndex(fqn, torch.Size(c.offsets)): _StorageInfo(
+                c.file or "", c.offset or 0, c.length or 0, self._descriptors(fqn, c.offsets)
+            )
             for c in chunks
         }
         box = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
@@ -329,6 +344,10 @@ class DCPCheckpoint(Checkpoint):
                 read_exact(f, info.offset, memoryview(raw), str(path))
         except OSError as e:
             raise CorruptCheckpointError(f"{path}: cannot read value {fqn} ({e.strerror or e})") from e
+        descriptors = getattr(info, "transform_descriptors", None)
+        if descriptors:  # e.g. zstd-compressed items: undo the transforms torch's writer applied
+            stream = DCPReader(self.path).transforms.transform_load_stream(None, descriptors, io.BytesIO(raw))  # type: ignore[arg-type]
+            raw = bytearray(stream.read())
         return safe_torch_load(io.BytesIO(raw), f"{path} ({fqn})", trust=self._trust)
 
 

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemType
 
 from ._io import FileRange
-from ._pickle import _unsafe_message
+from ._pickle import _names_a_global, _unsafe_message
 from ._tree import map_tensors
 from .errors import CorruptCheckpointError, UnsafePickleError
 
@@ -46,14 +46,23 @@ class NameFilter:
         return not (self._exclude is not None and self._exclude.search(fqn))
 
 
+def _core_reason(text: str) -> str:
+    """The informative line of torch's long weights-only error text."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith("WeightsUnpickler error") and i + 1 < len(lines):
+            return lines[i + 1]
+    return lines[0] if lines else "unreadable"
+
+
 def safe_torch_load(data: io.BytesIO, label: str, *, trust: bool = False) -> Any:
     """``torch.load`` of a DCP byte item: weights-only unless ``trust``, errors made actionable."""
     try:
         return torch.load(data, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as e:
-        if not trust:
+        if not trust and _names_a_global(str(e)):
             raise UnsafePickleError(_unsafe_message(label, e)) from e
-        raise CorruptCheckpointError(f"{label}: damaged pickle ({e})") from e
+        raise CorruptCheckpointError(f"{label}: damaged pickle ({_core_reason(str(e))})") from e
     except (
         RuntimeError,
         EOFError,
