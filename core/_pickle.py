@@ -33,7 +33,7 @@ import torch._weights_only_unpickler as _weights_only
 from torch.distributed.checkpoint import filesystem as _dcp_fs
 from torch.distributed.checkpoint import metadata as _dcp_md
 
-from .errors import CorruptCheckpointError, UnsafePickleError
+from .errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
 
 __all__ = [
     "LazyStorages",
@@ -192,6 +192,9 @@ def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust
             return unpickler.load()
     except CorruptCheckpointError as e:
         raise CorruptCheckpointError(f"{label}: {e}") from e
+    except NotImplementedError as e:  # e.g. quantized tensors cannot be rebuilt without their data
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UnsupportedFormatError(f"{label}: holds a tensor type DCP Studio cannot read ({first[:160]})") from e
     except pickle.UnpicklingError as e:
         text = str(e)
         if not trust and _names_a_global(text):

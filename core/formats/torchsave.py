@@ -28,6 +28,7 @@ import torch
 
 from .._io import FileRange, read_exact, swap_bytes, tensor_buffer
 from .._pickle import LazyStorages, StorageRef, load_torch_pickle
+from .._tree import iter_tensors
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import ZipWriter, read_zip_records
 
@@ -62,6 +63,12 @@ class TorchSaveFile:
                 self.format = "torch-legacy"
             else:
                 raise UnsupportedFormatError(f"{self.label}: not a torch.save file")
+            for t in iter_tensors(self.obj):
+                if t.layout != torch.strided or t.is_quantized:
+                    kind = "quantized" if t.is_quantized else str(t.layout).removeprefix("torch.")
+                    raise UnsupportedFormatError(
+                        f"{self.label}: holds a {kind} tensor; only dense tensors are supported"
+                    )
         except BaseException:
             self._f.close()
             raise

@@ -207,3 +207,29 @@ def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, mon
         torch_save_to_dcp(rich_pt, tmp_path / "out")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: {"s": torch.eye(3).to_sparse()}, r"holds a sparse_coo tensor; only dense"),
+        (
+            lambda: {"q": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)},
+            "tensor type DCP Studio cannot read",
+        ),
+        (lambda: torch.nn.Linear(2, 2), r"refused to load 'torch\.nn\.modules\.linear\.Linear'"),
+    ],
+)
+def test_tensor_types_we_cannot_stream_are_explained(tmp_path: Path, make: object, expected: str) -> None:
+    src = tmp_path / "x.pt"
+    torch.save(make(), src)  # type: ignore[operator]
+    with pytest.raises(DCPStudioError, match=expected):
+        torch_save_to_dcp(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_parameters_convert_as_tensors(tmp_path: Path) -> None:
+    torch.save({"p": torch.nn.Parameter(torch.arange(3.0))}, tmp_path / "p.pt")
+    torch_save_to_dcp(tmp_path / "p.pt", tmp_path / "d")
+    dcp_to_torch_save(tmp_path / "d", tmp_path / "back.pt")
+    assert torch.equal(torch.load(tmp_path / "back.pt", weights_only=True)["p"], torch.arange(3.0))
