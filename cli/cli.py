@@ -69,7 +69,7 @@ def _add_convert_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpstudio",
-        description="Convert and inspect PyTorch checkpoints: DCP directories, torch.save files.",
+        description="Convert, inspect and load PyTorch checkpoints: DCP directories, torch.save files, safetensors.",
     )
     from . import __version__
 
