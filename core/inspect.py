@@ -260,10 +260,7 @@ class DCPCheckpoint(Checkpoint):
                 if f is None:
                     f = files[c.file] = open(self.path / c.file, "rb")  # noqa: SIM115
                 parsed = _open_chunk(f, c.offset, c.length, f"{self.path / c.file} ({fqn})")
-                t = parsed.tensor
-                contiguous = t.is_contiguous() and parsed.stored and not parsed.big_endian
-                data = parsed.data_offset + int(t.storage_offset()) * t.element_size() if contiguous else None
-                out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, data))
+                out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
         except OSError as e:
             raise CorruptCheckpointError(f"{self.path}: cannot read chunk of {fqn} ({e.strerror or e})") from e
         finally:
@@ -292,12 +289,7 @@ class DCPCheckpoint(Checkpoint):
             return None
         f = self._file(c.file or "")
         parsed = _open_chunk(f, c.offset or 0, c.length or 0, f"{self.path / (c.file or '')} ({fqn})")
-        t = parsed.tensor
-        if not parsed.stored or parsed.big_endian or not t.is_contiguous() or t.dtype != entry.dtype:
-            return None
-        covers = int(t.storage_offset()) == 0 and parsed.size == entry.nbytes
-        start = parsed.data_offset + int(t.storage_offset()) * t.element_size()
-        return FileRange(f.fileno(), start, entry.nbytes, parsed.crc if covers else None)
+        return parsed.file_range(f.fileno(), cast(torch.dtype, entry.dtype), entry.shape or ())
 
     def close(self) -> None:
         for f in self._files.values():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -82,6 +82,25 @@ class _Chunk:
     size: int  # bytes in the storage record
     crc: int
 
+    def raw_offset(self) -> int | None:
+        """Absolute offset of the tensor's row-major element bytes when they lie in place in the
+        file (stored uncompressed, native byte order, contiguous); None otherwise."""
+        t = self.tensor
+        if not self.stored or self.big_endian or not t.is_contiguous():
+            return None
+        return self.data_offset + int(t.storage_offset()) * t.element_size()
+
+    def file_range(self, fd: int, dtype: torch.dtype, shape: Sequence[int]) -> FileRange | None:
+        """The tensor's bytes as a :class:`FileRange` when they lie in place and it has ``dtype``
+        and ``shape``; the CRC is set only when the tensor covers its whole storage record."""
+        t = self.tensor
+        start = self.raw_offset()
+        if start is None or t.dtype != dtype or tuple(t.size()) != tuple(shape):
+            return None
+        nbytes = t.numel() * t.element_size()
+        covers = int(t.storage_offset()) == 0 and self.size == nbytes
+        return FileRange(fd, start, nbytes, self.crc if covers else None)
+
 
 def _open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> _Chunk:
     records = read_zip_records(f, label, offset, length)
@@ -144,19 +163,8 @@ class DCPReader(FileSystemReader):
             except OSError as e:
                 raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
         chunk = _open_chunk(f, info.offset, info.length, f"{self.path}/{info.relative_path} ({fqn})")
-        t = chunk.tensor
-        nbytes = t.numel() * t.element_size()
-        if (
-            not chunk.stored
-            or chunk.big_endian
-            or t.dtype != md.properties.dtype
-            or list(t.size()) != list(md.size)
-            or t.storage_offset()
-            or not t.is_contiguous()
-            or chunk.size != nbytes
-        ):
-            return None
-        return FileRange(f.fileno(), chunk.data_offset, nbytes, chunk.crc)
+        found = chunk.file_range(f.fileno(), md.properties.dtype, md.size)
+        return found if found is not None and found.crc is not None else None  # ZIP outputs need the CRC
 
     def close(self) -> None:
         """Close the data files opened by :meth:`whole_tensor_range`."""
