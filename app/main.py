@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,12 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
     style = Path(__file__).with_name("style.qss")
     if isinstance(app, QApplication) and style.is_file():
         app.setStyleSheet(style.read_text())
+    if isinstance(app, QApplication):
+        from PySide6.QtGui import QIcon
+
+        icon = resources.files("dcpstudio.resources").joinpath("dcpstudio.svg")
+        if icon.is_file():
+            app.setWindowIcon(QIcon(str(icon)))
     window = MainWindow()
     if demo:
         from dcpstudio.core.demo import write_demo
@@ -42,14 +48,14 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    headless = not any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
-    if sys.platform.startswith("linux") and headless and QApplication.instance() is None:
-        from dcpstudio.core.errors import DCPStudioError
+    if QApplication.instance() is None:
+        from .display import display_problem
 
-        raise DCPStudioError(
-            "no display to open the window on (DISPLAY is not set); run it under xvfb-run, "
-            "or use `dcpstudio demo` / the other subcommands on the terminal"
-        )
+        problem = display_problem()
+        if problem is not None:
+            from dcpstudio.core.errors import DCPStudioError
+
+            raise DCPStudioError(problem)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("DCP Studio")
     app.setOrganizationName("DCPStudio")

@@ -7,7 +7,9 @@ VERSION=$(python -c "import tomllib; print(tomllib.load(open('pyproject.toml', '
 ARCH=$(dpkg --print-architecture 2>/dev/null || uname -m)
 start=$(date +%s)
 
-python -m pip install --quiet "pyinstaller>=6.10"
+# the bundle takes the package's own dependency specifiers (e.g. the PySide6 release it excludes)
+mapfile -t deps < <(python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+python -m pip install --quiet "pyinstaller>=6.10" "${deps[@]}"
 rm -rf build/pkgsite build/pyinstaller dist/dcpstudio "build/deb"
 # PyInstaller cannot follow an editable install's folder mapping: give it a plain install of the package
 python -m pip install --quiet --no-deps --no-build-isolation --target build/pkgsite .

@@ -1,0 +1,1 @@
+"""Package data of DCP Studio: the application icon and the desktop entry (``dcpstudio.resources``)."""
