@@ -44,6 +44,20 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
     return window
 
 
+_NOISE = ("This plugin does not support propagateSizeHints()",)  # offscreen platform chatter, not a problem
+
+
+def _quiet_qt_noise() -> None:
+    """Qt's own messages go to stderr as usual, except known chatter that means nothing to a user."""
+    from PySide6.QtCore import QtMsgType, qInstallMessageHandler
+
+    def handler(kind: QtMsgType, context: object, message: str) -> None:
+        if message not in _NOISE:
+            print(message, file=sys.stderr)
+
+    qInstallMessageHandler(handler)
+
+
 def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
@@ -56,6 +70,7 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
             from dcpstudio.core.errors import DCPStudioError
 
             raise DCPStudioError(problem)
+    _quiet_qt_noise()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("DCP Studio")
     app.setOrganizationName("DCPStudio")

@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 from PySide6.QtCore import QItemSelection, QModelIndex, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
@@ -64,8 +63,8 @@ def _preview_values(ckpt: Checkpoint, fqn: str) -> Any:
     shape = entry.shape or ()
     region = [slice(0, _PREVIEW if i < 2 else 1) for i in range(len(shape))]
     t = ckpt.read_tensor(fqn, region)
-    if (t.dtype.itemsize == 1 and t.dtype.is_floating_point) or t.dtype == torch.bfloat16:
-        t = t.to(torch.float32)
+    if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16 and fp8 print as float32
+        t = t.float()
     if t.dim() > 2:
         t = t.reshape(t.shape[0], t.shape[1])
     return t.tolist()

@@ -92,15 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="target format (default: DCP <-> torch.save; safetensors -> DCP)",
     )
     p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="safetensors: cast floating tensors")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating-point tensors")
     p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
-    for name, target, text in (
-        ("torch_to_dcp", "dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
-        ("dcp_to_torch", "torch", "DCP directory -> torch.save file (format_utils' argument order)"),
+    for name, text in (
+        ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
+        ("dcp_to_torch", "DCP directory -> torch.save file (format_utils' argument order)"),
     ):
         p = sub.add_parser(name, help=text, aliases=[name.replace("_", "-")])
         _add_convert_options(p)
-        p.set_defaults(to=target)
+        p.set_defaults(named=name)
 
     p = sub.add_parser("inspect", help="show what a checkpoint holds, without loading its tensors")
     p.add_argument("path", help="DCP directory, torch.save file or safetensors file/directory")
@@ -138,25 +138,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from dcpstudio.core import convert
+    from dcpstudio.core import convert, dcp_to_torch_save, torch_save_to_dcp
     from dcpstudio.core.report import human_bytes
 
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
+    options: dict[str, Any] = dict(
+        progress=bar,
+        include=args.include,
+        exclude=args.exclude,
+        overwrite=args.overwrite,
+        trust_pickle=args.trust_pickle,
+    )
     try:
-        result = convert(
-            args.src,
-            args.dst,
-            to=args.to,
-            progress=bar,
-            include=args.include,
-            exclude=args.exclude,
-            overwrite=args.overwrite,
-            trust_pickle=args.trust_pickle,
-            max_shard_size=getattr(args, "max_shard_size", None),
-            dtype=getattr(args, "dtype", None),
-            strip_prefix=getattr(args, "strip_prefix", None),
-        )
+        named = getattr(args, "named", None)
+        if named is not None:  # format_utils' names: the source format is part of the command
+            named_fn = torch_save_to_dcp if named == "torch_to_dcp" else dcp_to_torch_save
+            result = named_fn(args.src, args.dst, **options)
+        else:
+            result = convert(
+                args.src,
+                args.dst,
+                to=args.to,
+                max_shard_size=args.max_shard_size,
+                dtype=args.dtype,
+                strip_prefix=args.strip_prefix,
+                **options,
+            )
     finally:
         if bar is not None:
             bar.close()

@@ -1,4 +1,7 @@
-"""Raw byte movement between files and tensor memory, without intermediate copies."""
+"""Raw byte movement between files and tensor memory, without intermediate copies.
+
+Importing this module does not import torch: functions that make tensors import it when called.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
-import torch
-
+from .dtypes import dtype_of
 from .errors import CorruptCheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FileRange",
@@ -65,11 +70,10 @@ def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
         pos += got
 
 
-def swap_bytes(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def swap_bytes(raw: torch.Tensor, dtype: Any) -> torch.Tensor:
     """Byte-swap a uint8 buffer of big-endian ``dtype`` elements into native order."""
-    width = torch.empty((), dtype=dtype).element_size()
-    if dtype.is_complex:
-        width //= 2
+    dt = dtype_of(dtype)
+    width = dt.itemsize // 2 if dt.is_complex else dt.itemsize
     if width == 1:
         return raw
     return raw.view(-1, width).flip(1).contiguous().view(-1)
@@ -150,7 +154,7 @@ def read_box(
     f: IO[bytes],
     data_offset: int,
     shape: Sequence[int],
-    dtype: torch.dtype,
+    dtype: Any,
     offsets: Sequence[int],
     sizes: Sequence[int],
     label: str,
@@ -160,10 +164,14 @@ def read_box(
     One read when the box is a contiguous run; otherwise the run of whole leading-dimension
     slices that covers it is read and narrowed, so memory stays proportional to the box's rows.
     """
+    import torch
+
+    dt = dtype_of(dtype)
+    dtype = dt.torch
     out = torch.empty(tuple(sizes), dtype=dtype)
     if out.numel() == 0:
         return out
-    itemsize = dtype.itemsize
+    itemsize = dt.itemsize
     span = contiguous_span(shape, offsets, sizes)
     if span is not None:
         read_exact(f, data_offset + span[0] * itemsize, tensor_buffer(out), label)

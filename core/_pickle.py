@@ -1,159 +1,51 @@
-"""Restricted unpicklers: nothing a checkpoint's pickle names is called unless it is allow-listed.
+"""Restricted unpicklers, and a pickler, for checkpoint pickles -- none of them imports torch.
 
 Two pickles occur in checkpoints:
 
-* torch.save's ``data.pkl`` (whole files and every DCP tensor chunk). It is read with torch's own
-  weights-only unpickler -- the semantics of ``torch.load(weights_only=True)`` -- and a
-  ``persistent_load`` that turns each storage reference into a *meta* storage of the right size.
-  Tensors come out as meta tensors with their true dtype, shape, stride and offset; their bytes are
-  read later, one storage at a time (:class:`LazyStorages` remembers which record backs which).
-* DCP's ``.metadata``: a pickle of torch's metadata dataclasses, read by :class:`MetadataUnpickler`
-  which admits only those classes and the few torch types they contain.
+* torch.save's ``data.pkl`` (whole files, every DCP tensor chunk and byte item). It is read with
+  the allow-list of ``torch.load(weights_only=True)``: containers, numbers, strings, dtypes and
+  torch's tensor-rebuild functions -- each resolved here to a stand-in from
+  :mod:`dcpstudio.core._refs` that *describes* the tensor (:class:`~._refs.TensorRef`) instead of
+  building it. Nothing the pickle names outside the list is looked up. A storage reference becomes
+  a :class:`~._refs.StorageRef`; its bytes are read only when a value is asked for.
+* DCP's ``.metadata``: torch's metadata dataclasses, read into light records with the same
+  restriction (:func:`load_light_metadata`).
 
-``trust=True`` swaps in the standard unpickler (full pickle semantics) for inputs the user vouches
-for; the callers warn when they do.
+``trust=True`` keeps the stand-ins but lets any other name be imported (full pickle semantics)
+for inputs the user vouches for; the callers warn when they do.
+
+:class:`TorchPickler` writes the stand-ins back as the torch globals they stand for, so
+torch.save archives and DCP metadata are written without torch too.
 """
 
 from __future__ import annotations
 
+import _compat_pickle
 import contextlib
 import gc
 import io
 import pathlib
 import pickle
 import re
-import warnings
-from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass
+import types
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-import torch
-import torch._weights_only_unpickler as _weights_only
-from torch.distributed.checkpoint import filesystem as _dcp_fs
-from torch.distributed.checkpoint import metadata as _dcp_md
-
+from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSource, StorageType, TensorRef
+from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
 
 __all__ = [
+    "DCP_METADATA_CLASSES",
     "LazyStorages",
     "LightRecord",
-    "MetadataUnpickler",
-    "StorageRef",
+    "TorchPickler",
     "gc_paused",
     "load_light_metadata",
     "load_light_metadata_head",
-    "load_metadata_pickle",
     "load_torch_pickle",
 ]
-
-
-@dataclass(frozen=True)
-class StorageRef:
-    """One storage of a torch.save pickle: its record key, element dtype and size."""
-
-    key: str
-    dtype: torch.dtype
-    numel: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * _element_size(self.dtype)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-_STORAGE_DTYPES: dict[type, torch.dtype] = {}
-
-
-def _storage_dtype(storage_type: Any) -> torch.dtype:
-    if storage_type is torch.UntypedStorage:
-        return torch.uint8
-    if storage_type not in _STORAGE_DTYPES:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dtype = getattr(storage_type, "dtype", None)
-        if not isinstance(dtype, torch.dtype):
-            raise CorruptCheckpointError(f"unknown storage type {storage_type!r}")
-        _STORAGE_DTYPES[storage_type] = dtype
-    return _STORAGE_DTYPES[storage_type]
-
-
-class LazyStorages:
-    """``persistent_load`` for torch.save pickles that allocates no memory for tensor data.
-
-    Each storage reference becomes a meta storage of the recorded size; tensors rebuilt on it keep
-    their dtype, shape, stride and storage offset. :meth:`ref_of` maps a rebuilt tensor back to the
-    record that holds its bytes; tensors that share a storage in the file share it here too.
-    """
-
-    def __init__(self) -> None:
-        self.refs: dict[str, StorageRef] = {}
-        self._storages: dict[str, torch.storage.TypedStorage] = {}
-        self._by_cdata: dict[int, StorageRef] = {}
-
-    def persistent_load(self, saved_id: Any) -> torch.storage.TypedStorage:
-        if not isinstance(saved_id, tuple) or len(saved_id) < 5:
-            raise CorruptCheckpointError(f"unexpected persistent id {saved_id!r}")
-        typename = saved_id[0].decode("ascii") if isinstance(saved_id[0], bytes) else saved_id[0]
-        if typename != "storage":
-            raise CorruptCheckpointError(f"unknown persistent id type {typename!r}")
-        storage_type, key, _location, numel = saved_id[1:5]
-        key = key.decode("ascii") if isinstance(key, bytes) else str(key)
-        if not isinstance(numel, int) or numel < 0:
-            raise CorruptCheckpointError(f"storage {key} has an invalid size {numel!r}")
-        if key in self._storages:
-            return self._storages[key]
-        dtype = _storage_dtype(storage_type)
-        ref = StorageRef(key, dtype, numel)
-        untyped = torch.UntypedStorage(ref.nbytes, device="meta")
-        typed = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
-        self.refs[key] = ref
-        self._storages[key] = typed
-        self._by_cdata[untyped._cdata] = ref
-        return typed
-
-    def ref_of(self, tensor: torch.Tensor) -> StorageRef | None:
-        """The storage record behind a tensor rebuilt by this loader (None for any other tensor)."""
-        if tensor.device.type != "meta":
-            return None
-        return self._by_cdata.get(tensor.untyped_storage()._cdata)
-
-
-_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
-
-
-def _names_a_global(message: str) -> bool:
-    """Whether an unpickling error is a refused import (hostile) rather than damaged data."""
-    return "global" in message.lower()
-
-
-def _unsafe_message(label: str, error: Exception) -> str:
-    match = _GLOBAL_RE.search(str(error))
-    what = f"'{match.group(1)}'" if match else "an object outside the weights-only allow-list"
-    return (
-        f"{label}: refused to load {what} from its pickle (it could run code); "
-        "if you trust this file, pass --trust-pickle"
-    )
-
-
-_CORRUPT_ERRORS = (
-    EOFError,
-    IndexError,
-    KeyError,
-    ValueError,
-    TypeError,
-    AttributeError,
-    RuntimeError,
-    OverflowError,
-    MemoryError,
-    RecursionError,
-    UnicodeDecodeError,
-    ImportError,
-    __import__("struct").error,
-)
 
 
 @contextlib.contextmanager
@@ -174,61 +66,310 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust: bool = False) -> Any:
-    """Unpickle a torch.save pickle with weights-only semantics (or full, when ``trust``)."""
-    unpickler: Any
-    if trust:
+# -- torch.save: the weights-only allow-list, resolved to stand-ins --------------------------------
+def _tensor(
+    storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = False, dtype: DType | None = None
+) -> TensorRef:
+    if not isinstance(storage, StorageRef):
+        raise CorruptCheckpointError(f"tensor rebuilt from {type(storage).__name__}, not a storage")
+    if dtype is not None and storage.typed and dtype is not storage.dtype:
+        raise CorruptCheckpointError(f"a {dtype} tensor over a {storage.dtype} storage")
+    return TensorRef(storage, dtype or storage.dtype, size, stride, storage_offset, bool(requires_grad))
 
-        class _Trusting(pickle.Unpickler):
-            def persistent_load(self, pid: Any) -> Any:
-                return storages.persistent_load(pid)
 
-        unpickler = _Trusting(f, encoding="utf-8")
-    else:
-        unpickler = _weights_only.Unpickler(f, encoding="utf-8")
-        unpickler.persistent_load = storages.persistent_load
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> TensorRef:
+    return _tensor(storage, storage_offset, size, stride)
+
+
+def _rebuild_tensor_v2(
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any,
+    backward_hooks: Any,
+    metadata: Any = None,
+) -> TensorRef:
+    return _tensor(storage, storage_offset, size, stride, requires_grad)
+
+
+def _rebuild_tensor_v3(
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any,
+    backward_hooks: Any,
+    dtype: Any,
+    metadata: Any = None,
+) -> TensorRef:
+    if not isinstance(dtype, DType):
+        raise CorruptCheckpointError(f"tensor with element type {dtype!r}")
+    return _tensor(storage, storage_offset, size, stride, requires_grad, dtype)
+
+
+def _as_parameter(data: Any, requires_grad: Any = True) -> TensorRef:
+    if not isinstance(data, TensorRef):
+        raise CorruptCheckpointError(f"parameter built from {type(data).__name__}, not a tensor")
+    data.parameter = True
+    data.requires_grad = bool(requires_grad)
+    return data
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any) -> TensorRef:
+    return _as_parameter(data, requires_grad)
+
+
+def _rebuild_parameter_with_state(data: Any, requires_grad: Any, backward_hooks: Any, state: Any) -> TensorRef:
+    return _as_parameter(data, requires_grad)
+
+
+def _rebuild_meta_tensor_no_storage(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
+    if not isinstance(dtype, DType):
+        raise CorruptCheckpointError(f"tensor with element type {dtype!r}")
+    return TensorRef(None, dtype, size, stride, 0, bool(requires_grad))
+
+
+class ParameterType:
+    """``torch.nn.Parameter``: ``Parameter(tensor, requires_grad)`` marks the tensor."""
+
+    def __new__(cls, data: Any = None, requires_grad: Any = True) -> Any:
+        return _as_parameter(data, requires_grad)
+
+
+class TensorType:
+    """``torch.Tensor`` as a type argument of ``_rebuild_from_type_v2``; never built directly."""
+
+    def __new__(cls, *args: Any) -> Any:
+        raise UnsupportedFormatError("holds a tensor pickled in a pre-1.0 layout; re-save it with current torch")
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> TensorRef:
+    if func not in _TENSOR_BUILDERS or not isinstance(args, tuple):
+        raise CorruptCheckpointError(f"tensor rebuilt through {func!r}")
+    out = func(*args)
+    if new_type is ParameterType:
+        _as_parameter(out, out.requires_grad)
+    elif new_type is not TensorType:
+        raise CorruptCheckpointError(f"tensor of type {new_type!r}")
+    return out
+
+
+def _unsupported(kind: str) -> Callable[..., Any]:
+    def rebuild(*args: Any) -> Any:
+        what = kind
+        if args and isinstance(args[0], Layout):
+            what = str(args[0]).removeprefix("torch.")
+        raise UnsupportedFormatError(
+            f"holds a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)"
+        )
+
+    return rebuild
+
+
+def _no_data(name: str) -> Callable[..., Any]:
+    def construct(*args: Any) -> Any:
+        raise CorruptCheckpointError(
+            f"builds a tensor without stored data (torch.{name}); refusing uninitialised memory"
+        )
+
+    return construct
+
+
+def get_layout(name: Any) -> Layout:
+    if name not in ("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
+                    "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"):  # fmt: skip
+        raise CorruptCheckpointError(f"unknown tensor layout {name!r}")
+    return Layout(name)
+
+
+_MAX_ENCODED = 1 << 30
+
+
+def _encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+    """``_codecs.encode``, as protocol-2 pickles use it for ``bytes`` (latin-1 only)."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "iso-8859-1") or errors != "strict":
+        raise CorruptCheckpointError(f"unexpected encode({type(text).__name__}, {encoding!r}) in pickle")
+    return text.encode("latin1")
+
+
+REBUILD: dict[str, Callable[..., Any]] = {
+    "_rebuild_tensor": _rebuild_tensor,
+    "_rebuild_tensor_v2": _rebuild_tensor_v2,
+    "_rebuild_tensor_v3": _rebuild_tensor_v3,
+    "_rebuild_parameter": _rebuild_parameter,
+    "_rebuild_parameter_with_state": _rebuild_parameter_with_state,
+    "_rebuild_meta_tensor_no_storage": _rebuild_meta_tensor_no_storage,
+}
+_TENSOR_BUILDERS = set(REBUILD.values())
+GET_LAYOUT = get_layout
+_LEGACY_TENSOR_CLASSES = [
+    f"{d.storage.removesuffix('Storage')}Tensor" for d in DTYPES.values() if d.storage and d.kind != "q"
+]
+
+TORCH_SAVE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): OrderedDict,
+    ("collections", "Counter"): Counter,
+    ("torch.nn.parameter", "Parameter"): ParameterType,
+    ("torch.serialization", "_get_layout"): get_layout,
+    ("torch", "Size"): Size,
+    ("torch", "Tensor"): TensorType,
+    ("torch", "device"): Device,
+    ("_codecs", "encode"): _encode,
+    ("builtins", "bytearray"): bytearray,
+    ("builtins", "set"): set,
+    ("builtins", "complex"): complex,
+    **{("torch", name): dtype for name, dtype in BY_NAME.items()},
+    **{("torch", name): st for name, st in STORAGE_TYPES.items()},
+    ("torch.storage", "UntypedStorage"): STORAGE_TYPES["UntypedStorage"],
+    **{("torch._utils", name): fn for name, fn in REBUILD.items()},
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch._utils", "_rebuild_qtensor"): _unsupported("quantized"),
+    ("torch._utils", "_rebuild_sparse_tensor"): _unsupported("sparse"),
+    ("torch._utils", "_rebuild_nested_tensor"): _unsupported("nested"),
+    ("torch._utils", "_rebuild_wrapper_subclass"): _unsupported("tensor subclass"),
+    ("torch._utils", "_rebuild_device_tensor_from_numpy"): _unsupported("device (numpy)"),
+    ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"): _unsupported("device"),
+    **{
+        ("torch", q): Layout(f"torch.{q}")
+        for q in (
+            "per_tensor_affine",
+            "per_tensor_symmetric",
+            "per_channel_affine",
+            "per_channel_symmetric",
+            "per_channel_affine_float_qparams",
+        )
+    },
+    **{(m, n): _no_data(n) for n in _LEGACY_TENSOR_CLASSES for m in ("torch", "torch.cuda")},
+    **{(m, n): _unsupported("sparse") for n in _LEGACY_TENSOR_CLASSES for m in ("torch.sparse", "torch.cuda.sparse")},
+}
+
+
+class LazyStorages:
+    """``persistent_load`` for torch.save pickles: each storage reference becomes a
+    :class:`StorageRef` of ``archive`` (the same object for every use of one record)."""
+
+    def __init__(self, archive: StorageSource | None = None) -> None:
+        self.archive = archive
+        self.refs: dict[str, StorageRef] = {}
+
+    def persistent_load(self, saved_id: Any) -> StorageRef:
+        if not isinstance(saved_id, tuple) or len(saved_id) not in (5, 6):
+            raise CorruptCheckpointError(f"unexpected persistent id {str(saved_id)[:80]}")
+        typename = saved_id[0].decode("ascii", "replace") if isinstance(saved_id[0], bytes) else saved_id[0]
+        if typename != "storage":
+            raise CorruptCheckpointError(f"unknown persistent id type {str(typename)[:40]!r}")
+        storage_type, key, _location, numel = saved_id[1:5]
+        if len(saved_id) == 6 and saved_id[5] is not None:
+            raise UnsupportedFormatError("holds storage views of the pre-1.6 format; re-save it with current torch")
+        if not isinstance(storage_type, StorageType):
+            raise CorruptCheckpointError(f"storage of type {str(storage_type)[:60]}")
+        key = key.decode("ascii", "replace") if isinstance(key, bytes) else key
+        if not isinstance(key, (str, int)) or type(numel) is not int or numel < 0:
+            raise CorruptCheckpointError(f"storage {str(key)[:40]} has an invalid key or size")
+        key = str(key)
+        ref = self.refs.get(key)
+        if ref is None:
+            typed = storage_type.name != "UntypedStorage"
+            ref = self.refs[key] = StorageRef(key, storage_type.dtype, numel, self.archive, typed=typed)
+        elif ref.dtype is not storage_type.dtype or ref.numel != numel:
+            raise CorruptCheckpointError(f"storage {key} is described twice, differently")
+        return ref
+
+
+_GLOBAL_RE = re.compile(r"'([\w.]+)'")
+
+
+def unsafe_message(label: str, what: str) -> str:
+    return (
+        f"{label}: refused to load '{what}' from its pickle (it could run code); "
+        "if you trust this file, pass --trust-pickle"
+    )
+
+
+class _Restricted(pickle.Unpickler):
+    """Resolves a pickle's globals through ``allowed``; anything else is refused (or, when
+    ``trust``, imported as plain pickle would)."""
+
+    def __init__(self, f: IO[bytes], label: str, allowed: dict[tuple[str, str], Any], *, trust: bool = False) -> None:
+        super().__init__(f, encoding="utf-8")
+        self._label = label
+        self._allowed = allowed
+        self._trust = trust
+        self._storages: LazyStorages | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _compat_pickle.NAME_MAPPING:  # pickles written by Python 2
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        found = self._allowed.get((module, name))
+        if found is not None:
+            return found
+        if self._trust:
+            return super().find_class(module, name)
+        raise UnsafePickleError(unsafe_message(self._label, f"{module}.{name}"))
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self._storages is None:
+            raise CorruptCheckpointError("unexpected persistent id in a pickle that has no storages")
+        return self._storages.persistent_load(pid)
+
+
+_CORRUPT_ERRORS = (
+    EOFError,
+    IndexError,
+    KeyError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RuntimeError,
+    OverflowError,
+    MemoryError,
+    RecursionError,
+    UnicodeDecodeError,
+    ImportError,
+    __import__("struct").error,
+)
+
+
+def _load(unpickler: _Restricted, label: str, what: str) -> Any:
     try:
         with gc_paused():
             return unpickler.load()
-    except CorruptCheckpointError as e:
-        raise CorruptCheckpointError(f"{label}: {e}") from e
-    except NotImplementedError as e:  # e.g. quantized tensors cannot be rebuilt without their data
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UnsupportedFormatError(f"{label}: holds a tensor type DCP Studio cannot read ({first[:160]})") from e
+    except UnsafePickleError:
+        raise
+    except (CorruptCheckpointError, UnsupportedFormatError) as e:
+        raise type(e)(f"{label}: {e}") from e
     except pickle.UnpicklingError as e:
-        text = str(e)
-        if not trust and _names_a_global(text):
-            raise UnsafePickleError(_unsafe_message(label, e)) from e
-        raise CorruptCheckpointError(
-            f"{label}: damaged pickle ({text.splitlines()[0] if text else 'unreadable'})"
-        ) from e
+        text = str(e).splitlines()[0] if str(e) else "unreadable"
+        raise CorruptCheckpointError(f"{label}: damaged {what} ({text})") from e
     except _CORRUPT_ERRORS as e:
-        raise CorruptCheckpointError(f"{label}: damaged pickle ({type(e).__name__}: {e})") from e
+        raise CorruptCheckpointError(f"{label}: damaged {what} ({type(e).__name__}: {e})") from e
 
 
-_DCP_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name): getattr(_dcp_md, name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-        "MetadataIndex",
-        "StorageMeta",
-    )
-}
-_DCP_CLASSES[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _dcp_fs._StorageInfo
-with contextlib.suppress(ImportError, AttributeError):
-    from torch.distributed.checkpoint import _hf_utils
+def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust: bool = False) -> Any:
+    """Unpickle a torch.save pickle with weights-only semantics (or full, when ``trust``);
+    tensors come out as :class:`TensorRef` over ``storages``."""
+    unpickler = _Restricted(f, label, TORCH_SAVE_GLOBALS, trust=trust)
+    unpickler._storages = storages
+    return _load(unpickler, label, "pickle")
 
-    _DCP_CLASSES[("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo")] = _hf_utils._HFStorageInfo
 
-_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
-    **_DCP_CLASSES,
-    ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+# -- DCP .metadata ---------------------------------------------------------------------------------
+_MD = "torch.distributed.checkpoint.metadata"
+DCP_METADATA_CLASSES: tuple[tuple[str, str], ...] = (
+    (_MD, "Metadata"),
+    (_MD, "TensorStorageMetadata"),
+    (_MD, "BytesStorageMetadata"),
+    (_MD, "ChunkStorageMetadata"),
+    (_MD, "TensorProperties"),
+    (_MD, "_MEM_FORMAT_ENCODING"),
+    (_MD, "MetadataIndex"),
+    (_MD, "StorageMeta"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
+)
+PLAIN_GLOBALS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
@@ -241,43 +382,10 @@ _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata dataclasses, torch dtypes/Size/layout and plain containers only."""
-
-    def __init__(self, f: IO[bytes], label: str) -> None:
-        super().__init__(f)
-        self._label = label
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _SAFE_GLOBALS.get((module, name))
-        if found is not None:
-            return found
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise UnsafePickleError(
-            f"{self._label}: refused to load '{module}.{name}' from the DCP metadata pickle "
-            "(it is not a DCP metadata class and could run code); if you trust this checkpoint, "
-            "pass --trust-pickle"
-        )
-
-
-def load_metadata_pickle(data: bytes, label: str, *, trust: bool = False) -> Any:
-    """Unpickle a DCP ``.metadata`` blob, restricted unless ``trust``."""
-    f = io.BytesIO(data)
-    unpickler = pickle.Unpickler(f) if trust else MetadataUnpickler(f, label)
-    try:
-        with gc_paused():
-            return unpickler.load()
-    except UnsafePickleError:
-        raise
-    except (pickle.UnpicklingError, *_CORRUPT_ERRORS) as e:
-        raise CorruptCheckpointError(f"{label}: damaged metadata pickle ({type(e).__name__}: {e})") from e
-
-
 class LightRecord:
-    """Stands in for one of DCP's metadata dataclasses when metadata is only read, not used to
-    plan a load: no dataclass machinery, no ``torch.Size`` objects. Opening a ``.metadata`` that
-    lists 100,000 tensors this way takes well under half the time of torch's own classes."""
+    """Stands in for one of DCP's metadata dataclasses: no dataclass machinery, no torch. Opening
+    a ``.metadata`` that lists 100,000 tensors this way takes well under half the time of torch's
+    own classes, and needs no torch at all."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__})"
@@ -286,6 +394,11 @@ class LightRecord:
 class LightProperties(LightRecord):
     """``TensorProperties`` pickles its fields as a tuple: (dtype, layout, requires_grad, ...)."""
 
+    torch_global = (_MD, "TensorProperties")
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.dtype, Layout("torch.strided"), bool(self.requires_grad), MemoryFormat(0), False)
+
     def __setstate__(self, state: Any) -> None:
         if isinstance(state, dict):
             self.__dict__.update(state)
@@ -293,31 +406,52 @@ class LightProperties(LightRecord):
             self.dtype, self.layout, self.requires_grad = state[0], state[1], state[2]
 
 
-_LIGHT: dict[tuple[str, str], Any] = {
-    key: type(key[1], (LightRecord,), {"__module__": __name__}) for key in _DCP_CLASSES
+class MemoryFormat(int):
+    """A member of DCP's ``_MEM_FORMAT_ENCODING`` enum (0: contiguous)."""
+
+    torch_global = (_MD, "_MEM_FORMAT_ENCODING")
+
+    def __reduce__(self) -> Any:
+        return (MemoryFormat, (int(self),))
+
+
+def _light_class(module: str, name: str) -> Any:
+    if name == "TensorProperties":
+        return LightProperties
+    if name == "_MEM_FORMAT_ENCODING":
+        return MemoryFormat
+    return type(name, (LightRecord,), {"__module__": __name__, "torch_global": (module, name)})
+
+
+LIGHT_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
+    **PLAIN_GLOBALS,
+    **{key: _light_class(*key) for key in DCP_METADATA_CLASSES},
+    ("torch", "Size"): tuple,
+    ("torch.serialization", "_get_layout"): get_layout,
+    **{("torch", name): dtype for name, dtype in BY_NAME.items()},
 }
-_LIGHT[("torch.distributed.checkpoint.metadata", "TensorProperties")] = LightProperties
-_LIGHT[("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")] = int
-_LIGHT[("torch", "Size")] = tuple
 
 
-class LightMetadataUnpickler(MetadataUnpickler):
-    """The same allow-list as :class:`MetadataUnpickler`, resolved to :class:`LightRecord` types."""
+def _unsafe_metadata(label: str) -> Callable[[UnsafePickleError], UnsafePickleError]:
+    def reword(e: UnsafePickleError) -> UnsafePickleError:
+        match = _GLOBAL_RE.search(str(e))
+        what = match.group(1) if match else "an unknown object"
+        return UnsafePickleError(
+            f"{label}: refused to load '{what}' from the DCP metadata pickle (it is not a DCP metadata class "
+            "and could run code); if you trust this checkpoint, pass --trust-pickle"
+        )
 
-    def find_class(self, module: str, name: str) -> Any:
-        light = _LIGHT.get((module, name))
-        return light if light is not None else super().find_class(module, name)
+    return reword
 
 
-def load_light_metadata(data: bytes, label: str) -> Any:
+def load_light_metadata(data: bytes, label: str, *, trust: bool = False) -> Any:
     """Unpickle a DCP ``.metadata`` into :class:`LightRecord` objects (restricted, GC paused)."""
     try:
-        with gc_paused():
-            return LightMetadataUnpickler(io.BytesIO(data), label).load()
-    except UnsafePickleError:
-        raise
-    except (pickle.UnpicklingError, *_CORRUPT_ERRORS) as e:
-        raise CorruptCheckpointError(f"{label}: damaged metadata pickle ({type(e).__name__}: {e})") from e
+        return _load(
+            _Restricted(io.BytesIO(data), label, LIGHT_METADATA_GLOBALS, trust=trust), label, "metadata pickle"
+        )
+    except UnsafePickleError as e:
+        raise _unsafe_metadata(label)(e) from None
 
 
 _STORAGE_KEY = b"\x8c\x0cstorage_data\x94"  # SHORT_BINUNICODE "storage_data", MEMOIZE
@@ -364,3 +498,62 @@ def load_light_metadata_head(data: bytes, label: str) -> Any | None:
                 return md
         pos = data.find(_STORAGE_KEY, pos + 1)
     return None
+
+
+# -- writing ---------------------------------------------------------------------------------------
+GLOBAL_NAMES: dict[Any, tuple[str, str]] = {
+    Size: ("torch", "Size"),
+    Device: ("torch", "device"),
+    get_layout: ("torch.serialization", "_get_layout"),
+    **{fn: ("torch._utils", name) for name, fn in REBUILD.items()},
+}
+
+
+def global_name(obj: Any) -> tuple[str, str] | None:
+    """The torch global a stand-in is written as (None for anything else)."""
+    if type(obj) is DType:
+        return ("torch", obj.name)
+    if type(obj) is StorageType:  # where torch defines them: torch.FloatStorage, torch.storage.UntypedStorage
+        return ("torch.storage" if obj.name == "UntypedStorage" else "torch", obj.name)
+    if isinstance(obj, type) and "torch_global" in vars(obj):
+        found: tuple[str, str] = vars(obj)["torch_global"]
+        return found
+    try:
+        return GLOBAL_NAMES.get(obj)
+    except TypeError:  # unhashable
+        return None
+
+
+_GLOBAL_KINDS = (type, types.FunctionType, DType, StorageType)
+_PurePickler: Any = getattr(pickle, "_Pickler")  # noqa: B009 - the Python implementation: save_global can be overridden
+
+
+class TorchPickler(_PurePickler):
+    """The pure-Python pickler, writing stand-ins (dtypes, Size, rebuild functions, storage types,
+    light DCP records) as the torch globals they stand for -- no torch import, same bytes a
+    reader expects. ``persistent_id`` is the caller's."""
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        # The base class dispatches functions to its own save_global; route every stand-in here.
+        if isinstance(obj, _GLOBAL_KINDS) and global_name(obj) is not None:
+            memo = self.memo.get(id(obj))
+            if memo is not None:
+                self.write(self.get(memo[0]))
+            else:
+                self.save_global(obj)
+            return
+        super().save(obj, save_persistent_id)
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        target = global_name(obj)
+        if target is None:
+            super().save_global(obj, name)
+            return
+        module, qualname = target
+        if self.proto >= 4:
+            self.save(module)
+            self.save(qualname)
+            self.write(pickle.STACK_GLOBAL)
+        else:
+            self.write(pickle.GLOBAL + f"{module}\n{qualname}\n".encode())
+        self.memoize(obj)

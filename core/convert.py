@@ -1,283 +1,219 @@
-"""Streaming converters between torch.save files and DCP directories.
+"""Streaming conversion between any two checkpoint formats -- including a format to itself (re-save
+with entries dropped, floats cast, safetensors re-sharded).
 
 Plain path-in / path-out functions, like torch's ``format_utils``, that the CLI and the window
-call. Unlike torch's, they never hold the whole checkpoint: tensors are read and written one at a
-time (the next read overlapping the current write), pickles are read with restricted unpicklers
-unless ``trust_pickle``, and the output appears at ``dst`` only when complete and flushed.
+call. Unlike torch's, they never hold the whole checkpoint (one tensor at a time, the next read
+overlapping the current write), read pickles with restricted unpicklers unless ``trust_pickle``,
+copy bytes that lie in place inside the kernel, and let the output appear at ``dst`` only when
+complete and flushed. They import no torch unless a tensor must be computed (a dtype cast, a
+non-contiguous view, chunks that are not whole-row slabs).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import warnings
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
-from ._atomic import atomic_output
-from ._io import FileRange, crc32, tensor_buffer
-from ._pipeline import prefetch
-from .errors import CorruptCheckpointError, DCPStudioError, UnsupportedFormatError
-from .formats.dcp import DCPReader, DCPWriter, read_metadata
-from .formats.detect import detect_format
-from .formats.torchsave import TorchSaveFile, TorchSaveWriter, archive_name
-from .planners import LazySavePlanner, NameFilter, SafeLoadPlanner
+from ._output import (
+    TRUST_WARNING,
+    ConversionResult,
+    Target,
+    check_paths,
+    write_dcp_output,
+    write_safetensors_output,
+    write_torch_save_output,
+)
+from ._refs import StorageRef, TensorRef
+from ._tensor_io import materialize, to_bytes
+from ._tree import iter_tensors, set_element
+from .dtypes import DTYPES, DType
+from .errors import DCPStudioError, UnsupportedFormatError
+from .formats.dcp import DCPItem
+from .formats.detect import Format, detect_format
+from .inspect import ROOT_KEY, VALUES_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
+from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
 
-__all__ = ["ConversionResult", "convert", "dcp_to_torch_save", "torch_save_to_dcp"]
-
-TRUST_WARNING = "trusting pickles in {}: code embedded in the checkpoint can run"
-_BATCH_BYTES = 64 << 20
-_BATCH_ITEMS = 256
-
-
-@dataclass(frozen=True)
-class ConversionResult:
-    """What a conversion wrote."""
-
-    src: Path
-    dst: Path
-    target: Literal["dcp", "torch", "safetensors"]
-    tensors: int
-    values: int
-    tensor_bytes: int
-    notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
-
-
-def _unwrap(error: CheckpointException) -> BaseException:
-    """DCP wraps every exception raised by a planner or storage layer; give back the original."""
-    for failure in error.failures.values():
-        inner = failure[0] if isinstance(failure, tuple) and failure else getattr(failure, "exc", None)
-        if isinstance(inner, BaseException):
-            return inner
-    return error
-
-
-def _check_paths(src: Path, dst: Path) -> None:
-    s, d = src.resolve(), dst.resolve()
-    if s == d or s in d.parents:
-        raise DCPStudioError(f"destination {dst} is the source or inside it; choose another path")
-
-
-def _io_error(dst: Path, e: OSError) -> DCPStudioError:
-    return DCPStudioError(f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
-
-
-def torch_save_to_dcp(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-    include: str | None = None,
-    exclude: str | None = None,
-    overwrite: bool = False,
-    trust_pickle: bool = False,
-) -> ConversionResult:
-    """Convert a torch.save file into a DCP directory, one tensor in memory at a time."""
-    src_p, dst_p = Path(src), Path(dst)
-    if detect_format(src_p) != "torch":
-        raise UnsupportedFormatError(f"{src_p}: not a torch.save file")
-    _check_paths(src_p, dst_p)
-    keep = NameFilter(include, exclude)
-    if trust_pickle:
-        warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    with TorchSaveFile(src_p, trust_pickle=trust_pickle) as tsf:
-        if not isinstance(tsf.obj, dict):
-            raise UnsupportedFormatError(
-                f"{src_p}: holds a {type(tsf.obj).__name__}; DCP stores a dict (state dict) at the top level"
-            )
-        try:
-            flat, _ = flatten_state_dict(tsf.obj)
-        except (ValueError, RecursionError) as e:
-            raise CorruptCheckpointError(f"{src_p}: cannot flatten its names ({type(e).__name__}: {e})") from e
-        kept = {k: v for k, v in flat.items() if keep(k)}
-        tensors = [v for v in kept.values() if isinstance(v, torch.Tensor)]
-        total = sum(t.numel() * t.element_size() for t in tensors)
-        reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(kept))
-        reporter.check()
-
-        def on_item(_length: int, fqn: str) -> None:
-            value = kept.get(fqn)
-            reporter.advance(
-                value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0, current=fqn
-            )
-
-        planner = LazySavePlanner(tsf.materialize, keep, before_item=reporter.check, source_range=tsf.source_range)
-        save_as_dcp(tsf.obj, dst_p, overwrite, planner, on_item)
-    return ConversionResult(src_p, dst_p, "dcp", len(tensors), len(kept) - len(tensors), total)
-
-
-def _tensor_batches(items: list[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    batch: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for key, placeholder in items:
-        nbytes = placeholder.numel() * placeholder.element_size()
-        if batch and (size + nbytes > _BATCH_BYTES or len(batch) >= _BATCH_ITEMS):
-            yield batch
-            batch, size = [], 0
-        batch.append((key, placeholder))
-        size += nbytes
-    if batch:
-        yield batch
-
-
-def _read_values(reader: DCPReader, md: Metadata, wanted: dict[str, Any], trust: bool) -> dict[str, Any]:
-    """Read the entries of ``wanted`` (fqn -> destination tensor, or None for a non-tensor value)."""
-    planner = SafeLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False, trust_pickle=trust)
-    planner.set_up_planner(wanted, md, True)
-    reader.read_data(planner.create_local_plan(), planner).wait()
-    return planner.state_dict
-
-
-def dcp_to_torch_save(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-    include: str | None = None,
-    exclude: str | None = None,
-    overwrite: bool = False,
-    trust_pickle: bool = False,
-) -> ConversionResult:
-    """Convert a DCP directory (saved by any number of ranks) into one torch.save file.
-
-    The nesting recorded in the checkpoint's planner data is restored, as torch's converter does;
-    sharded tensors are assembled from their chunks one tensor at a time.
-    """
-    src_p, dst_p = Path(src), Path(dst)
-    if detect_format(src_p) != "dcp":
-        raise UnsupportedFormatError(f"{src_p}: not a DCP checkpoint directory")
-    _check_paths(src_p, dst_p)
-    keep = NameFilter(include, exclude)
-    if trust_pickle:
-        warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    md = read_metadata(src_p, trust_pickle=trust_pickle)
-    reader = DCPReader(src_p, trust_pickle=trust_pickle)
-    reader.set_up_storage_reader(md, True)
-
-    entries = {fqn: smd for fqn, smd in md.state_dict_metadata.items() if keep(fqn)}
-    placeholders: dict[int, torch.Tensor] = {}
-    fqn_of: dict[int, str] = {}
-    values: dict[str, Any] = {}
-    for fqn, smd in entries.items():
-        if isinstance(smd, TensorStorageMetadata):
-            t = torch.empty(smd.size, dtype=smd.properties.dtype, device="meta")
-            placeholders[id(t)] = t
-            fqn_of[id(t)] = fqn
-            values[fqn] = t
-    byte_fqns = [fqn for fqn in entries if fqn not in values]
-    total = sum(t.numel() * t.element_size() for t in placeholders.values())
-    reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(entries))
-    reporter.check()
-    if byte_fqns:
-        values.update(_read_values(reader, md, dict.fromkeys(byte_fqns), trust_pickle))
-        reporter.advance(0, items=len(byte_fqns))
-
-    mappings = md.planner_data if isinstance(md.planner_data, dict) else {}
-    state_dict: dict[str, Any] = {}
-    for fqn in entries:
-        path = mappings.get(fqn)
-        if isinstance(path, tuple) and path:
-            set_element(state_dict, path, values[fqn])
-        else:
-            state_dict[fqn] = values[fqn]
-
-    def load_batch(
-        batch: list[tuple[str, torch.Tensor]],
-    ) -> list[tuple[str, FileRange | tuple[torch.Tensor, int]]]:
-        """Runs on the prefetch thread: where to copy each tensor from, or its bytes and CRC."""
-        reporter.check()
-        ranges = {}
-        dests = {}
-        for key, p in batch:
-            fqn = fqn_of[id(p)]
-            found = reader.whole_tensor_range(fqn, cast(TensorStorageMetadata, entries[fqn]))
-            if found is not None:
-                ranges[key] = found
-            else:
-                dests[fqn] = torch.empty(p.size(), dtype=p.dtype)
-        if dests:
-            _read_values(reader, md, dests, trust_pickle)
-        out: Loaded = []
-        for key, p in batch:
-            if key in ranges:
-                out.append((key, ranges[key]))
-            else:
-                t = dests[fqn_of[id(p)]]
-                out.append((key, (t, crc32(tensor_buffer(t)))))
-        return out
-
-    try:
-        write_torch_save(dst_p, overwrite, state_dict, placeholders, load_batch, reporter, str(src_p), fqn_of)
-    finally:
-        reader.close()
-    return ConversionResult(src_p, dst_p, "torch", len(placeholders), len(byte_fqns), total)
-
-
-Loaded = list[tuple[str, "FileRange | tuple[torch.Tensor, int]"]]
-
-
-def save_as_dcp(state: dict[str, Any], dst: Path, overwrite: bool, planner: LazySavePlanner, on_item: Any) -> None:
-    """``dcp.save`` of a lazily materialised state dict into ``dst``, atomically, errors unwrapped."""
-    try:
-        with atomic_output(dst, overwrite=overwrite) as tmp:
-            try:
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint")
-                    dcp.save(state, storage_writer=DCPWriter(tmp, on_item=on_item), planner=planner, no_dist=True)
-            except CheckpointException as e:
-                raise _unwrap(e) from None
-    except OSError as e:
-        raise _io_error(dst, e) from e
-
-
-def write_torch_save(
-    dst: Path,
-    overwrite: bool,
-    state: Any,
-    placeholders: dict[int, torch.Tensor],
-    load: Callable[[list[tuple[str, torch.Tensor]]], Loaded],
-    reporter: Reporter,
-    src_label: str,
-    fqn_of: dict[int, str],
-) -> None:
-    """Stream a torch.save file: the pickle, then each placeholder's storage from ``load(batch)`` --
-    copied in the kernel (a :class:`FileRange`) or written from memory with its CRC -- while the
-    next batch loads on a helper thread."""
-    try:
-        with atomic_output(dst, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
-            writer = TorchSaveWriter(f, archive_name(dst))
-            order = writer.write_pickle(state, placeholders)
-            writer.write_pending_real_storages()
-            fqn_of_key = {key: fqn_of[id(p)] for key, p in order}
-            for _batch, loaded in prefetch(load, _tensor_batches(order)):
-                for key, data in loaded:
-                    if isinstance(data, FileRange):
-                        writer.copy_storage(key, data, f"{src_label} ({fqn_of_key[key]})")
-                        nbytes = data.nbytes
-                    else:
-                        writer.write_storage(key, data[0], data[1])
-                        nbytes = data[0].numel() * data[0].element_size()
-                    reporter.advance(nbytes, current=fqn_of_key[key])
-            writer.finish()
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        raise _io_error(dst, e) from e
-
+__all__ = ["ConversionResult", "convert", "dcp_to_torch_save", "parse_size", "torch_save_to_dcp"]
 
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
-_SAFETENSORS_OPTIONS = ("max_shard_size", "dtype", "strip_prefix")
+_CASTS = {"bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"], "fp32": DTYPES["float32"]}
+_MAX_STORED_VALUES = 64 << 10
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> 5_000_000_000, ``"5GiB"`` -> 5 * 2**30 (the units Hugging Face uses)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"invalid size {text!r}; use e.g. 500MB, 5GB or 2GiB")
+    number, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    scale = (1024 if binary else 1000) ** "_KMGT".index(unit or "_")
+    size = int(number * scale)
+    if size <= 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return size
+
+
+class _Cast:
+    """The storage of a tensor cast to another dtype: its bytes are computed (with torch) when
+    they are written."""
+
+    def __init__(self, source: TensorRef, to: DType, label: str) -> None:
+        self.source = source
+        self.to = to
+        self.label = label
+
+    def storage_range(self, ref: StorageRef) -> None:
+        return None
+
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        return to_bytes(materialize(self.source).to(self.to.torch))
+
+
+def _cast(t: TensorRef, to: DType, label: str) -> TensorRef:
+    storage = StorageRef.for_tensor(f"cast:{label}", to, t.numel, _Cast(t, to, label))
+    return TensorRef.contiguous(storage, to, t.shape)
+
+
+@dataclass
+class _Entry:
+    """One entry of the output: its name, its place in the nested state dict, and its tensor or
+    value (tensors inside a value stay :class:`TensorRef`)."""
+
+    fqn: str
+    path: tuple[str | int, ...]
+    tensor: TensorRef | None
+    value: Any = None
+
+
+def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None) -> list[_Entry]:
+    paths = ckpt.paths()
+    out = []
+    for fqn, entry in ckpt.entries.items():
+        if not keep(fqn):
+            continue
+        path = paths.get(fqn, (fqn,))
+        if entry.kind == "tensor":
+            t = ckpt.tensor_ref(fqn)
+            if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
+                t = _cast(t, cast, fqn)
+            out.append(_Entry(fqn, path, t))
+        else:
+            out.append(_Entry(fqn, path, None, ckpt.read_object(fqn)))
+    return out
+
+
+def _result(src: Path, dst: Path, target: Target, plan: list[_Entry], notes: tuple[str, ...] = ()) -> ConversionResult:
+    tensors = [e.tensor for e in plan if e.tensor is not None]
+    return ConversionResult(
+        src, dst, target, len(tensors), len(plan) - len(tensors), sum(t.nbytes for t in tensors), notes
+    )
+
+
+def _to_torch(
+    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool
+) -> None:
+    obj: Any
+    if whole and isinstance(ckpt, TorchCheckpoint):
+        obj = ckpt.obj  # the file's own object tree: views, shared storages and key types kept
+    else:
+        obj = {}
+        for e in plan:
+            value = e.tensor if e.tensor is not None else e.value
+            if e.path == (ROOT_KEY,) and isinstance(ckpt, TorchCheckpoint):
+                obj = value
+                break
+            set_element(obj, e.path, value, max_index=len(ckpt.entries) + (1 << 16))
+    names: dict[int, str] = {}
+    for e in reversed(plan):  # a storage is reported under the first entry that uses it
+        for t in iter_tensors(e.tensor if e.tensor is not None else e.value):
+            if isinstance(t, TensorRef) and t.storage is not None:
+                names[id(t.storage)] = e.fqn
+    storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
+    reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
+    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names)
+
+
+def _to_dcp(ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter) -> None:
+    if isinstance(ckpt, TorchCheckpoint) and not isinstance(ckpt.obj, dict):
+        raise UnsupportedFormatError(
+            f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
+        )
+    items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
+    write_dcp_output(dst, overwrite, items, reporter, str(ckpt.path))
+
+
+def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """The JSON to store for the JSON-able values (None if none or too large) and the names left out."""
+    stored: dict[str, Any] = {}
+    dropped = []
+    for fqn, value in values.items():
+        try:
+            json.dumps(value, allow_nan=False)
+            stored[fqn] = value
+        except (TypeError, ValueError):
+            dropped.append(fqn)
+    text = json.dumps(stored, allow_nan=False) if stored else None
+    if text is not None and len(text) > _MAX_STORED_VALUES:
+        return None, sorted(values)
+    return text, dropped
+
+
+def _to_safetensors(
+    ckpt: Checkpoint,
+    plan: list[_Entry],
+    dst: Path,
+    overwrite: bool,
+    reporter: Reporter,
+    *,
+    max_shard_size: int | None,
+    strip_prefix: str | None,
+    directory: bool,
+) -> tuple[str, ...]:
+    names: dict[str, str] = {}
+    tensors: list[tuple[str, TensorRef]] = []
+    values: dict[str, Any] = {}
+    for e in plan:
+        name = e.fqn[len(strip_prefix) :] if strip_prefix and e.fqn.startswith(strip_prefix) else e.fqn
+        if name in names:
+            raise DCPStudioError(f"{e.fqn} and {names[name]} both become {name!r}; adjust --strip-prefix")
+        names[name] = e.fqn
+        if e.tensor is None:
+            values[name] = e.value
+        elif e.tensor.dtype.safetensors is None:
+            raise UnsupportedFormatError(f"safetensors cannot store {e.tensor.dtype} (tensor {e.fqn})")
+        else:
+            tensors.append((name, e.tensor))
+    stored_json, dropped = _json_values(values)
+    notes: list[str] = []
+    if stored_json is not None or dropped:
+        kept = sorted(set(values) - set(dropped))
+        text = f"safetensors holds tensors only: stored {len(kept)} value(s) as JSON in the header metadata"
+        text += f" ({', '.join(kept[:5])}{', ...' if len(kept) > 5 else ''})" if kept else ""
+        if dropped:
+            text += f"; left out {len(dropped)} non-JSON value(s): {', '.join(dropped[:8])}"
+            text += ", ..." if len(dropped) > 8 else ""
+        notes.append(text)
+        warnings.warn(text, stacklevel=3)
+    metadata = {"format": "pt"}
+    if stored_json is not None:
+        metadata[VALUES_KEY] = stored_json
+    shards: list[list[tuple[str, TensorRef]]] = [[]]
+    size = 0
+    for name, t in tensors:
+        if max_shard_size is not None and shards[-1] and size + t.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, t))
+        size += t.nbytes
+    single = max_shard_size is None and not directory
+    write_safetensors_output(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
+    return tuple(notes)
 
 
 def convert(
@@ -285,26 +221,81 @@ def convert(
     dst: str | os.PathLike[str],
     *,
     to: Literal["dcp", "torch", "safetensors"] | None = None,
-    **options: Any,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    include: str | None = None,
+    exclude: str | None = None,
+    overwrite: bool = False,
+    trust_pickle: bool = False,
+    max_shard_size: int | str | None = None,
+    dtype: Literal["bf16", "fp16", "fp32"] | None = None,
+    strip_prefix: str | None = None,
 ) -> ConversionResult:
-    """Convert ``src`` to format ``to``; by default DCP -> torch.save, torch.save -> DCP,
-    safetensors -> DCP. Safetensors targets also take ``max_shard_size``, ``dtype`` and
-    ``strip_prefix`` (see :func:`~dcpstudio.core.export.to_safetensors`)."""
-    from . import export
-
-    fmt = detect_format(src)
+    """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
+    safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
+    searched in fully-qualified names); ``dtype`` casts floating tensors. For safetensors targets,
+    ``max_shard_size`` (bytes, or "5GB") writes shards plus ``model.safetensors.index.json`` into
+    the directory ``dst`` (as does a ``dst`` ending in a path separator), and ``strip_prefix``
+    drops a prefix from names."""
+    src_p, dst_p = Path(src), Path(dst)
+    directory = str(dst).endswith((os.sep, "/"))
+    fmt: Format = detect_format(src_p)
     target = to or ("torch" if fmt == "dcp" else "dcp")
     if target not in _NAMES:
         raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
-    if target == fmt:
-        raise UnsupportedFormatError(f"{src} is already {_NAMES[fmt]}")
-    if target != "safetensors" and any(options.get(k) is not None for k in _SAFETENSORS_OPTIONS):
-        raise ValueError("--max-shard-size, --dtype and --strip-prefix apply to --to safetensors only")
-    options = {k: v for k, v in options.items() if k not in _SAFETENSORS_OPTIONS or target == "safetensors"}
-    if target == "safetensors":
-        return export.to_safetensors(src, dst, **options)
-    if fmt == "safetensors":
-        return (export.checkpoint_to_dcp if target == "dcp" else export.checkpoint_to_torch)(src, dst, **options)
-    if target == "dcp":
-        return torch_save_to_dcp(src, dst, **options)
-    return dcp_to_torch_save(src, dst, **options)
+    if target != "safetensors" and (max_shard_size is not None or strip_prefix is not None):
+        raise ValueError("--max-shard-size and --strip-prefix apply to --to safetensors only")
+    if dtype is not None and dtype not in _CASTS:
+        raise ValueError(f"unknown dtype {dtype!r} (expected bf16, fp16 or fp32)")
+    shard_limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
+    if shard_limit is not None and shard_limit <= 0:
+        raise ValueError("max_shard_size must be positive")
+    check_paths(src_p, dst_p)
+    keep = NameFilter(include, exclude)
+    if trust_pickle:
+        warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
+    cast = _CASTS[dtype] if dtype else None
+    with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
+        plan = _plan(ckpt, keep, cast)
+        total = sum(e.tensor.nbytes for e in plan if e.tensor is not None)
+        reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(plan))
+        reporter.check()
+        notes: tuple[str, ...] = ()
+        if target == "torch":
+            whole = len(plan) == len(ckpt.entries) and cast is None
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
+        elif target == "dcp":
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter)
+        else:
+            notes = _to_safetensors(
+                ckpt,
+                plan,
+                dst_p,
+                overwrite,
+                reporter,
+                max_shard_size=shard_limit,
+                strip_prefix=strip_prefix,
+                directory=directory,
+            )
+    return _result(src_p, dst_p, target, plan, notes)
+
+
+def _expect(src: str | os.PathLike[str], fmt: Format, what: str) -> None:
+    found = detect_format(src)
+    if found != fmt:
+        raise UnsupportedFormatError(f"{src}: not {what} (it is {_NAMES[found]})")
+
+
+def torch_save_to_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], **options: Any) -> ConversionResult:
+    """torch.save file -> DCP directory (``format_utils.torch_save_to_dcp``, streaming and safe).
+    Options as for :func:`convert`."""
+    _expect(src, "torch", "a torch.save file")
+    return convert(src, dst, to="dcp", **options)
+
+
+def dcp_to_torch_save(src: str | os.PathLike[str], dst: str | os.PathLike[str], **options: Any) -> ConversionResult:
+    """DCP directory (saved by any number of ranks) -> torch.save file, restoring the nesting the
+    checkpoint's planner data records (``format_utils.dcp_to_torch_save``). Options as for
+    :func:`convert`."""
+    _expect(src, "dcp", "a DCP checkpoint directory")
+    return convert(src, dst, to="torch", **options)

@@ -11,9 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ._blocks import blocks
+from ._refs import is_tensor
 from .inspect import Checkpoint
 from .model import dtype_name
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -49,7 +48,9 @@ class DiffReport:
 
 
 def _objects_equal(x: Any, y: Any) -> bool:
-    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+    if is_tensor(x) or is_tensor(y):
+        import torch
+
         return (
             isinstance(x, torch.Tensor)
             and isinstance(y, torch.Tensor)
@@ -62,6 +63,8 @@ def _objects_equal(x: Any, y: Any) -> bool:
         return {str(k) for k in x} == set(ys) and all(_objects_equal(v, ys[str(k)]) for k, v in x.items())
     if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
         return len(x) == len(y) and all(_objects_equal(v, w) for v, w in zip(x, y, strict=True))
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True  # the same value, stored twice (NaN != NaN)
     try:
         return bool(x == y)
     except Exception:
@@ -71,6 +74,8 @@ def _objects_equal(x: Any, y: Any) -> bool:
 def _compare_tensor(
     a: Checkpoint, b: Checkpoint, fqn: str, rtol: float, atol: float, budget: int, reporter: Reporter
 ) -> ValueMismatch | None:
+    import torch
+
     ea, eb = a.entries[fqn], b.entries[fqn]
     itemsize = max(ea.dtype.itemsize if ea.dtype else 1, eb.dtype.itemsize if eb.dtype else 1)
     mismatched = count = 0

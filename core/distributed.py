@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -39,7 +38,9 @@ from torch.futures import Future
 
 from . import errors
 from ._io import tensor_buffer
-from ._tree import map_tensors
+from ._refs import TensorRef
+from ._tensor_io import materialize
+from ._tree import flatten_state_dict, map_tensors
 from .errors import DCPStudioError
 from .formats.torchsave import TorchSaveFile
 
@@ -155,10 +156,10 @@ class TorchSaveReader(StorageReader):
         self._values = flat
         sdm: dict[str, Any] = {}
         for fqn, value in flat.items():
-            if isinstance(value, torch.Tensor):
-                zeros = torch.Size([0] * value.dim())
+            if isinstance(value, TensorRef):
+                zeros, size = torch.Size([0] * len(value.shape)), torch.Size(value.shape)
                 sdm[fqn] = TensorStorageMetadata(
-                    TensorProperties(dtype=value.dtype), value.size(), [ChunkStorageMetadata(zeros, value.size())]
+                    TensorProperties(dtype=value.dtype.torch), size, [ChunkStorageMetadata(zeros, size)]
                 )
             else:
                 sdm[fqn] = BytesStorageMetadata()
@@ -190,11 +191,7 @@ class TorchSaveReader(StorageReader):
                 if not requests:
                     continue
                 value = self._values[fqn]  # one tensor in memory at a time
-                full = (
-                    self._file.materialize(value)
-                    if isinstance(value, torch.Tensor)
-                    else map_tensors(value, self._file.materialize)
-                )
+                full = materialize(value) if isinstance(value, TensorRef) else map_tensors(value, materialize)
                 for r, k, item in requests:
                     payload = self._payload(fqn, item, full)
                     if r == me:

@@ -1,8 +1,12 @@
 """Open any checkpoint as a :class:`Checkpoint` model and read single tensors or values from it.
 
-Opening reads only structure: DCP's ``.metadata`` (restricted, into light records), torch.save's
-pickle (weights-only, tensors as meta tensors) or safetensors headers. Tensor data is read on
-request, one tensor or one region at a time, touching only the bytes that hold it.
+Opening reads only structure, and imports no torch: DCP's ``.metadata`` (restricted, into light
+records), torch.save's pickle (weights-only, tensors as :class:`~._refs.TensorRef` descriptions)
+or safetensors headers. Tensor data is read on request, one tensor or one region at a time,
+touching only the bytes that hold it; torch is imported when a torch tensor is made.
+
+Every tensor entry is also available as a :class:`~._refs.TensorRef` (:meth:`Checkpoint.tensor_ref`)
+whose storage knows where its bytes lie, so converters move bytes between formats without torch.
 """
 
 from __future__ import annotations
@@ -13,37 +17,30 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, cast
-
-import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
-from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from typing import IO, TYPE_CHECKING, Any
 
 from ._io import FileRange, read_box, read_exact
-from ._pickle import gc_paused, load_light_metadata, load_light_metadata_head, load_metadata_pickle
-from ._tree import map_tensors
+from ._pickle import gc_paused, load_light_metadata, load_light_metadata_head
+from ._refs import StorageRef, TensorRef
+from ._tensor_io import materialize, to_bytes
+from ._tree import flatten_state_dict, map_tensors
+from .dtypes import dtype_of
 from .errors import CorruptCheckpointError, UnsupportedFormatError
-from .formats.dcp import METADATA_FILE, DCPReader, _open_chunk
+from .formats.dcp import METADATA_FILE, decode_item, open_chunk
 from .formats.detect import Format, detect_format
 from .formats.safetensors import read_safetensors_index
 from .formats.torchsave import TorchSaveFile
 from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, relative, whole_chunk
-from .planners import RegionPlanner, safe_torch_load
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Checkpoint", "Region", "open_checkpoint"]
 
 Region = Sequence[slice]
 ROOT_KEY = "<root>"
 _HEAD_ONLY_ABOVE = 4 << 20  # .metadata sizes past which the storage index is parsed lazily
+_VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than this
 
 
 def _box(entry: Entry, region: Region | None) -> tuple[list[int], list[int]]:
@@ -63,17 +60,25 @@ def _box(entry: Entry, region: Region | None) -> tuple[list[int], list[int]]:
     return offsets, sizes
 
 
+def _read(f: IO[bytes], offset: int, length: int, label: str) -> memoryview:
+    buf = bytearray(length)
+    read_exact(f, offset, memoryview(buf), label)
+    return memoryview(buf)
+
+
 class Checkpoint:
     """A checkpoint's structure, with methods to read its values one at a time.
 
     ``entries`` maps each flattened fully-qualified name to an :class:`Entry`. Use as a context
-    manager (or call :meth:`close`) to release open files.
+    manager (or call :meth:`close`) to release open files. A checkpoint is also the
+    :class:`~._refs.StorageSource` of the tensor refs it hands out.
     """
 
     format: Format
 
     def __init__(self, path: Path, entries: dict[str, Entry], info: dict[str, Any] | None = None) -> None:
         self.path = path
+        self.label = str(path)
         self.entries = entries
         self.info = info or {}
 
@@ -102,6 +107,17 @@ class Checkpoint:
         except KeyError:
             raise KeyError(f"{self.path}: no entry named {fqn!r}") from None
 
+    def tensor_entry(self, fqn: str) -> Entry:
+        entry = self.entry(fqn)
+        if entry.kind != "tensor":
+            raise ValueError(f"{fqn} is not a tensor")
+        return entry
+
+    def paths(self) -> dict[str, tuple[str | int, ...]]:
+        """Each entry's place in the nested state dict it came from (DCP's planner data):
+        ``{"model.w": ("model", "w")}``; flat names map to themselves."""
+        return {fqn: (fqn,) for fqn in self.entries}
+
     def chunks(self, fqn: str) -> list[Chunk]:
         """How a tensor is stored: its chunks, with file and byte range."""
         raise NotImplementedError
@@ -110,19 +126,39 @@ class Checkpoint:
         """:meth:`chunks` with ``data_offset`` filled in (DCP parses each chunk's archive)."""
         return self.chunks(fqn)
 
-    # -- values -----------------------------------------------------------------------------------
+    # -- values as descriptions (no torch) ------------------------------------------------------
+    def tensor_ref(self, fqn: str) -> TensorRef:
+        """The tensor as a :class:`TensorRef` whose storage this checkpoint can read or locate."""
+        entry = self.tensor_entry(fqn)
+        assert entry.dtype is not None
+        shape = entry.shape or ()
+        numel = 1
+        for s in shape:
+            numel *= s
+        return TensorRef.contiguous(StorageRef.for_tensor(fqn, entry.dtype, numel, self), entry.dtype, shape)
+
+    def storage_range(self, ref: StorageRef) -> FileRange | None:
+        """Where the whole tensor named by ``ref`` lies verbatim in one file (CRC when known)."""
+        return None
+
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        """The whole tensor named by ``ref``: its row-major bytes."""
+        return to_bytes(self.read_tensor(ref.key))
+
+    def read_object(self, fqn: str) -> Any:
+        """A non-tensor value as stored; tensors inside it stay :class:`TensorRef` (no torch)."""
+        raise NotImplementedError
+
+    # -- values (torch) -----------------------------------------------------------------------------
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         """One tensor, or the box ``region`` (a slice per leading dimension), read alone."""
         raise NotImplementedError
 
     def read_value(self, fqn: str) -> Any:
-        """A non-tensor value (DCP byte item or torch.save object), unpickled safely."""
-        raise NotImplementedError
-
-    def file_range(self, fqn: str) -> FileRange | None:
-        """Where a whole tensor's raw row-major bytes lie verbatim in one file, so a converter can
-        copy them without reading them; None when they do not (sharded, non-contiguous, ...)."""
-        return None
+        """An entry's value with real torch tensors (a tensor entry, or a value holding tensors)."""
+        if self.entry(fqn).kind == "tensor":
+            return self.read_tensor(fqn)
+        return map_tensors(self.read_object(fqn), materialize)
 
     def close(self) -> None:
         """Release open files."""
@@ -132,6 +168,30 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _OpenFiles:
+    """Data files of a checkpoint, opened once (reads use ``preadv``, so threads may share them)."""
+
+    def __init__(self, root: Path, what: str) -> None:
+        self._root = root
+        self._what = what
+        self._files: dict[str, IO[bytes]] = {}
+
+    def get(self, relative_path: str) -> IO[bytes]:
+        f = self._files.get(relative_path)
+        if f is None:
+            path = self._root / relative_path
+            try:
+                f = self._files[relative_path] = open(path, "rb")  # noqa: SIM115 - closed by close()
+            except OSError as e:
+                raise CorruptCheckpointError(f"{path}: cannot open {self._what} ({e.strerror or e})") from e
+        return f
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
 def _damaged_metadata(method: Any) -> Any:
@@ -150,6 +210,13 @@ def _damaged_metadata(method: Any) -> Any:
     return wrapper
 
 
+def _ints(value: Any) -> tuple[int, ...]:
+    out = tuple(value)
+    if not all(type(v) is int for v in out):
+        raise TypeError(f"expected integers, got {out!r}")
+    return out
+
+
 class DCPCheckpoint(Checkpoint):
     format: Format = "dcp"
 
@@ -161,12 +228,10 @@ class DCPCheckpoint(Checkpoint):
             raise CorruptCheckpointError(f"{md_path}: cannot read ({e.strerror or e})") from e
         label = str(md_path)
         md: Any = None
-        if trust_pickle:
-            md = load_metadata_pickle(data, label, trust=True)
-        elif len(data) > _HEAD_ONLY_ABOVE:
+        if len(data) > _HEAD_ONLY_ABOVE and not trust_pickle:
             md = load_light_metadata_head(data, label)  # storage index parsed on first use
         if md is None:
-            md = load_light_metadata(data, label)
+            md = load_light_metadata(data, label, trust=trust_pickle)
         sdm = getattr(md, "state_dict_metadata", None)
         if not isinstance(sdm, dict):
             raise CorruptCheckpointError(f"{md_path}: does not hold DCP metadata")
@@ -175,19 +240,20 @@ class DCPCheckpoint(Checkpoint):
         try:
             with gc_paused():
                 for fqn, smd in sdm.items():
+                    if not isinstance(fqn, str):
+                        raise TypeError(f"entry name {fqn!r} is not a string")
                     if hasattr(smd, "chunks"):
-                        entries[fqn] = Entry(fqn, "tensor", smd.properties.dtype, tuple(smd.size))
+                        entries[fqn] = Entry(fqn, "tensor", dtype_of(smd.properties.dtype), _ints(smd.size))
                     else:
                         entries[fqn] = Entry(fqn, "bytes")
-        except (AttributeError, TypeError) as e:
+        except (AttributeError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"{md_path}: damaged metadata entry ({e})") from e
         super().__init__(path, entries, {"version": getattr(md, "version", None)})
         self._md = md
         self._trust = trust_pickle
         self._index: dict[str, dict[tuple[int, ...], Any]] | None = None
-        self._files: dict[str, IO[bytes]] = {}
+        self._files = _OpenFiles(path, "DCP data file")
 
-    @_damaged_metadata
     @_damaged_metadata
     def _storage(self) -> dict[str, dict[tuple[int, ...], Any]]:
         """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
@@ -217,6 +283,16 @@ class DCPCheckpoint(Checkpoint):
         self._storage()  # byte items' sizes count in the totals
         return build_tree(self.entries, self.path.name)
 
+    def paths(self) -> dict[str, tuple[str | int, ...]]:
+        data = getattr(self._md, "planner_data", None)
+        out = super().paths()
+        if isinstance(data, dict):
+            for fqn in self.entries:
+                path = data.get(fqn)
+                if isinstance(path, tuple) and path and all(type(p) in (str, int) for p in path):
+                    out[fqn] = path
+        return out
+
     def _descriptors(self, fqn: str, offsets: tuple[int, ...]) -> list[str] | None:
         """Stream transforms (e.g. zstd) applied to a stored item, None when it is stored plain."""
         descriptors = getattr(self._info(fqn, offsets), "transform_descriptors", None)
@@ -236,73 +312,106 @@ class DCPCheckpoint(Checkpoint):
             return [Chunk((), (), info.relative_path, info.offset, info.length)]
         out = []
         for c in self._md.state_dict_metadata[fqn].chunks:
-            offsets, sizes = tuple(c.offsets), tuple(c.sizes)
+            offsets, sizes = _ints(c.offsets), _ints(c.sizes)
             info = self._info(fqn, offsets)
             out.append(Chunk(offsets, sizes, info.relative_path, info.offset, info.length))
         return out
 
+    def _item_bytes(self, c: Chunk, fqn: str, limit: int) -> tuple[IO[bytes], int, int, str]:
+        """Where a stored item's archive lies: in its data file, or (transformed) decoded in memory."""
+        label = f"{self.path / (c.file or '')} ({fqn})"
+        f = self._files.get(c.file or "")
+        descriptors = self._descriptors(fqn, c.offsets)
+        if not descriptors:
+            return f, c.offset or 0, c.length or 0, label
+        raw = decode_item(descriptors, bytes(_read(f, c.offset or 0, c.length or 0, label)), label, limit)
+        return io.BytesIO(raw), 0, len(raw), label
+
     @_damaged_metadata
     def resolve_chunks(self, fqn: str) -> list[Chunk]:
         out = []
-        files: dict[str, IO[bytes]] = {}
-        try:
-            for c in self.chunks(fqn):
-                if (
-                    self.entries[fqn].kind != "tensor"
-                    or c.file is None
-                    or c.offset is None
-                    or c.length is None
-                    or self._descriptors(fqn, c.offsets)  # transformed (compressed): no raw bytes in place
-                ):
-                    out.append(c)
-                    continue
-                f = files.get(c.file)
-                if f is None:
-                    f = files[c.file] = open(self.path / c.file, "rb")  # noqa: SIM115
-                parsed = _open_chunk(f, c.offset, c.length, f"{self.path / c.file} ({fqn})")
-                out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
-        except OSError as e:
-            raise CorruptCheckpointError(f"{self.path}: cannot read chunk of {fqn} ({e.strerror or e})") from e
-        finally:
-            for f in files.values():
-                f.close()
+        for c in self.chunks(fqn):
+            if self.entries[fqn].kind != "tensor" or c.file is None or self._descriptors(fqn, c.offsets):
+                out.append(c)  # transformed (compressed): no raw bytes in place
+                continue
+            f, offset, length, label = self._item_bytes(c, fqn, 0)
+            parsed = open_chunk(f, offset, length, label)
+            out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
         return out
 
-    def _file(self, relative_path: str) -> IO[bytes]:
-        f = self._files.get(relative_path)
-        if f is None:
-            path = self.path / relative_path
-            try:
-                f = self._files[relative_path] = open(path, "rb")  # noqa: SIM115 - closed by close()
-            except OSError as e:
-                raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
-        return f
-
     @_damaged_metadata
-    def file_range(self, fqn: str) -> FileRange | None:
-        entry = self.entry(fqn)
-        chunks = self.chunks(fqn) if entry.kind == "tensor" else []
+    def storage_range(self, ref: StorageRef) -> FileRange | None:
+        fqn = ref.key
+        entry = self.tensor_entry(fqn)
+        chunks = self.chunks(fqn)
         if len(chunks) != 1 or any(chunks[0].offsets) or chunks[0].sizes != entry.shape:
             return None
         c = chunks[0]
         if self._descriptors(fqn, c.offsets):
             return None
-        f = self._file(c.file or "")
-        parsed = _open_chunk(f, c.offset or 0, c.length or 0, f"{self.path / (c.file or '')} ({fqn})")
-        return parsed.file_range(f.fileno(), cast(torch.dtype, entry.dtype), entry.shape or ())
+        f, offset, length, label = self._item_bytes(c, fqn, 0)
+        return open_chunk(f, offset, length, label).file_range(f.fileno(), entry.dtype, entry.shape or ())
 
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+    @_damaged_metadata
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        """The tensor's bytes: read in place, or assembled from chunks that are whole-row slabs
+        (what FSDP writes) without torch; other layouts go through :meth:`read_tensor`."""
+        fqn = ref.key
+        entry = self.tensor_entry(fqn)
+        assert entry.dtype is not None
+        shape = entry.shape or ()
+        chunks = _row_slabs(self.chunks(fqn), shape)
+        if chunks is None:
+            return to_bytes(self.read_tensor(fqn))
+        row_bytes = entry.dtype.itemsize
+        for s in shape[1:]:
+            row_bytes *= s
+        out = bytearray(entry.nbytes)
+        view = memoryview(out)
+        for c in chunks:
+            f, offset, length, label = self._item_bytes(c, fqn, entry.nbytes + (1 << 20))
+            parsed = open_chunk(f, offset, length, label)
+            t, raw = parsed.tensor, parsed.raw_offset()
+            if t.dtype is not entry.dtype or t.shape != c.sizes:
+                raise CorruptCheckpointError(
+                    f"{label}: chunk holds {t.dtype} {list(t.shape)}; the metadata says {list(c.sizes)}"
+                )
+            if raw is None:
+                return to_bytes(self.read_tensor(fqn))
+            start = (c.offsets[0] if c.offsets else 0) * row_bytes
+            read_exact(f, raw, view[start : start + t.nbytes], label)
+        return view
+
+    def read_object(self, fqn: str) -> Any:
+        entry = self.entry(fqn)
+        if entry.kind == "tensor":
+            return self.tensor_ref(fqn)
+        (c,) = self.chunks(fqn)
+        f, offset, length, label = self._item_bytes(c, fqn, _VALUE_LIMIT)
+        raw = _read(f, offset, length, label)
+        archive = TorchSaveFile(io.BytesIO(raw), trust_pickle=self._trust, label=label)
+        return archive.obj
 
     @_damaged_metadata
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
-        entry = self.entry(fqn)
-        if entry.kind != "tensor":
-            raise ValueError(f"{fqn} is not a tensor")
+        import torch
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import (
+            ChunkStorageMetadata,
+            MetadataIndex,
+            TensorProperties,
+            TensorStorageMetadata,
+        )
+        from torch.distributed.checkpoint.planner import LoadPlan
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        from .formats.dcp_storage import DCPReader
+        from .planners import RegionPlanner
+
+        entry = self.tensor_entry(fqn)
+        assert entry.dtype is not None
         offsets, sizes = _box(entry, region)
-        dtype = cast(torch.dtype, entry.dtype)
+        dtype = entry.dtype.torch
         target = torch.empty(sizes, dtype=dtype)
         if target.numel() == 0:
             return target
@@ -324,23 +433,22 @@ class DCPCheckpoint(Checkpoint):
         reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
         return target
 
-    def read_value(self, fqn: str) -> Any:
-        entry = self.entry(fqn)
-        if entry.kind == "tensor":
-            return self.read_tensor(fqn)
-        info = self._info(fqn, ())
-        raw = bytearray(info.length)
-        path = self.path / info.relative_path
-        try:
-            with open(path, "rb") as f:
-                read_exact(f, info.offset, memoryview(raw), str(path))
-        except OSError as e:
-            raise CorruptCheckpointError(f"{path}: cannot read value {fqn} ({e.strerror or e})") from e
-        descriptors = getattr(info, "transform_descriptors", None)
-        if descriptors:  # e.g. zstd-compressed items: undo the transforms torch's writer applied
-            stream = DCPReader(self.path).transforms.transform_load_stream(None, descriptors, io.BytesIO(raw))  # type: ignore[arg-type]
-            raw = bytearray(stream.read())
-        return safe_torch_load(io.BytesIO(raw), f"{path} ({fqn})", trust=self._trust)
+    def close(self) -> None:
+        self._files.close()
+
+
+def _row_slabs(chunks: list[Chunk], shape: tuple[int, ...]) -> list[Chunk] | None:
+    """The chunks in row order when they are whole-row slabs that tile the tensor exactly (each
+    one a contiguous run of its bytes), else None."""
+    if not shape:
+        return chunks if len(chunks) == 1 and chunks[0].offsets == () else None
+    ordered = sorted(chunks, key=lambda c: c.offsets)
+    row = 0
+    for c in ordered:
+        if len(c.offsets) != len(shape) or c.offsets[0] != row or any(c.offsets[1:]) or c.sizes[1:] != shape[1:]:
+            return None
+        row += c.sizes[0]
+    return ordered if row == shape[0] else None
 
 
 class TorchCheckpoint(Checkpoint):
@@ -350,25 +458,27 @@ class TorchCheckpoint(Checkpoint):
         self._file = TorchSaveFile(path, trust_pickle=trust_pickle)
         obj = self._file.obj
         try:
-            flat, _ = flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, None)
+            flat, paths = (
+                flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, {ROOT_KEY: (ROOT_KEY,)})
+            )
         except (ValueError, RecursionError) as e:
             self._file.close()
             raise CorruptCheckpointError(f"{path}: cannot flatten its names ({type(e).__name__}: {e})") from e
         self._values = flat
+        self._paths = paths
         entries: dict[str, Entry] = {}
         by_storage: dict[str, list[str]] = {}
         for fqn, value in flat.items():
-            if isinstance(value, torch.Tensor):
-                ref = self._file.storages.ref_of(value)
-                key = ref.key if ref is not None else None
+            if isinstance(value, TensorRef):
+                key = value.storage.key if value.storage is not None else None
                 entries[fqn] = Entry(
                     fqn,
                     "tensor",
                     value.dtype,
-                    tuple(value.shape),
+                    value.shape,
                     storage=key,
-                    storage_offset=int(value.storage_offset()),
-                    stride=tuple(value.stride()),
+                    storage_offset=value.storage_offset,
+                    stride=value.stride,
                 )
                 if key is not None:
                     by_storage.setdefault(key, []).append(fqn)
@@ -380,39 +490,54 @@ class TorchCheckpoint(Checkpoint):
                     entries[name].shared_with = tuple(n for n in names if n != name)
         super().__init__(path, entries, {"format": self._file.format})
 
+    def paths(self) -> dict[str, tuple[str | int, ...]]:
+        return dict(self._paths)
+
+    @property
+    def obj(self) -> Any:
+        """The whole object the file holds (tensors as :class:`TensorRef`)."""
+        return self._file.obj
+
     def chunks(self, fqn: str) -> list[Chunk]:
         entry = self.entry(fqn)
         if entry.kind != "tensor":
             return []
         t = self._values[fqn]
-        ref = self._file.storages.ref_of(t)
-        if ref is None:
+        if t.storage is None:
             return []
-        offset, size = self._file.location(ref)
-        contiguous = t.is_contiguous()
-        data = offset + entry.storage_offset * t.element_size() if contiguous else None
+        offset, size = self._file.location(t.storage)
+        data = offset + t.byte_offset if t.is_contiguous() else None
         shape = entry.shape or ()
         return [Chunk((0,) * len(shape), shape, self.path.name, offset, size, data)]
 
-    def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
-        entry = self.entry(fqn)
-        if entry.kind != "tensor":
-            raise ValueError(f"{fqn} is not a tensor")
-        offsets, sizes = _box(entry, region)
-        out = self._file.read_contiguous(narrow_tensor_by_index(self._values[fqn], offsets, sizes))
-        if out is not None:
-            return out
-        full = self._file.materialize(self._values[fqn])
-        self._file.release()
-        return narrow_tensor_by_index(full, offsets, sizes).clone(memory_format=torch.contiguous_format)
+    def tensor_ref(self, fqn: str) -> TensorRef:
+        self.tensor_entry(fqn)
+        ref: TensorRef = self._values[fqn]
+        return ref
 
-    def file_range(self, fqn: str) -> FileRange | None:
-        value = self._values[self.entry(fqn).fqn]
-        return self._file.view_range(value) if isinstance(value, torch.Tensor) else None
+    def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
+        import torch
+
+        from ._io import tensor_buffer
+
+        entry = self.tensor_entry(fqn)
+        offsets, sizes = _box(entry, region)
+        t = self.tensor_ref(fqn).narrow(offsets, sizes)
+        where = self._file.view_range(t)
+        if where is not None:  # contiguous and in place: read just its bytes, straight into the tensor
+            out = torch.empty(t.shape, dtype=t.dtype.torch)
+            if out.numel():
+                read_exact(self._file.file, where.offset, tensor_buffer(out), self.label)
+            return out
+        full = materialize(t)
+        self._file.release()
+        return full.clone(memory_format=torch.contiguous_format)
+
+    def read_object(self, fqn: str) -> Any:
+        return self._values[self.entry(fqn).fqn]
 
     def read_value(self, fqn: str) -> Any:
-        value = self._values[self.entry(fqn).fqn]
-        out = map_tensors(value, self._file.materialize)
+        out = super().read_value(fqn)
         self._file.release()
         return out
 
@@ -453,38 +578,36 @@ class SafetensorsCheckpoint(Checkpoint):
             for fqn, value in _stored_values(file_meta, path).items():
                 entries.setdefault(fqn, Entry(fqn, "object", value=value))
         super().__init__(path, entries, info)
-        self._files: dict[Path, IO[bytes]] = {}
+        root = path if path.is_dir() else path.parent
+        self._files = _OpenFiles(root, "safetensors file")
 
     def chunks(self, fqn: str) -> list[Chunk]:
         t = self._where[self.entry(fqn).fqn]
         return [whole_chunk(self.entries[fqn], relative(t.file, self.path), t.data_offset)]
 
     def _file(self, path: Path) -> IO[bytes]:
-        f = self._files.get(path)
-        if f is None:
-            f = self._files[path] = open(path, "rb")  # noqa: SIM115 - closed by close()
-        return f
+        return self._files.get(str(path))
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
-        entry = self.entry(fqn)
-        if entry.kind != "tensor":
-            raise ValueError(f"{fqn} is not a tensor")
+        entry = self.tensor_entry(fqn)
         t = self._where[fqn]
         offsets, sizes = _box(entry, region)
         return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
 
-    def file_range(self, fqn: str) -> FileRange | None:
-        t = self._where.get(self.entry(fqn).fqn)
-        return None if t is None else FileRange(self._file(t.file).fileno(), t.data_offset, t.nbytes)
+    def storage_range(self, ref: StorageRef) -> FileRange | None:
+        t = self._where[ref.key]
+        return FileRange(self._file(t.file).fileno(), t.data_offset, t.nbytes)
 
-    def read_value(self, fqn: str) -> Any:
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        t = self._where[ref.key]
+        return _read(self._file(t.file), t.data_offset, t.nbytes, str(t.file))
+
+    def read_object(self, fqn: str) -> Any:
         entry = self.entry(fqn)
-        return entry.value if entry.kind == "object" else self.read_tensor(fqn)
+        return entry.value if entry.kind == "object" else self.tensor_ref(fqn)
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        self._files.close()
 
 
 def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:

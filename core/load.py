@@ -15,23 +15,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
-from torch.distributed.tensor import empty as dtensor_empty
-
-from .convert import _unwrap
 from .diff import _objects_equal
-from .distributed import TorchSaveReader, _rebuild_error
-from .formats.dcp import DCPReader
+from .dtypes import dtype_of
 from .formats.detect import detect_format
 from .inspect import open_checkpoint
-from .planners import SafeLoadPlanner
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
 __all__ = ["LAYOUTS", "RankReport", "build_target", "load_rank", "parse_mesh", "placements"]
 
@@ -71,6 +64,8 @@ def parse_mesh(text: str | None, world: int) -> tuple[int, ...]:
 
 def placements(layout: str, ndim: int, mesh_ndim: int) -> list[Placement]:
     """Placements of a tensor of ``ndim`` dimensions for ``layout`` on a 1-D or 2-D mesh."""
+    from torch.distributed.tensor import Replicate, Shard
+
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     if layout == "replicate" or ndim == 0:
@@ -84,6 +79,8 @@ def placements(layout: str, ndim: int, mesh_ndim: int) -> list[Placement]:
 
 def build_target(structure: dict[str, Any], layout: str, mesh: DeviceMesh) -> dict[str, Any]:
     """``structure`` maps fqn -> (dtype, shape) for tensors, None for other values."""
+    from torch.distributed.tensor import empty as dtensor_empty
+
     target: dict[str, Any] = {}
     for fqn, spec in structure.items():
         if spec is None:
@@ -91,7 +88,7 @@ def build_target(structure: dict[str, Any], layout: str, mesh: DeviceMesh) -> di
             continue
         dtype, shape = spec
         target[fqn] = dtensor_empty(
-            shape, dtype=dtype, device_mesh=mesh, placements=placements(layout, len(shape), mesh.ndim)
+            shape, dtype=dtype_of(dtype).torch, device_mesh=mesh, placements=placements(layout, len(shape), mesh.ndim)
         )
     return target
 
@@ -117,6 +114,17 @@ def load_rank(
     trust_pickle: bool = False,
 ) -> RankReport:
     """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from .distributed import TorchSaveReader, _rebuild_error
+    from .formats.dcp_storage import DCPReader, unwrap_error
+    from .planners import SafeLoadPlanner
+
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, tuple(mesh_shape))
     box: list[Any] = [None]
@@ -142,7 +150,7 @@ def load_rank(
     try:
         dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
     except CheckpointException as e:
-        raise _unwrap(e) from None
+        raise unwrap_error(e) from None
     seconds = time.perf_counter() - t0
     report("loaded", 0.7)
     mismatches: list[str] = []
@@ -190,7 +198,8 @@ def run_load(
     from .launch import launch
 
     shape = parse_mesh(mesh, ranks)
-    placements(layout, 2, len(shape))  # validates the layout before any process starts
+    if layout not in LAYOUTS:  # checked before any process starts
+        raise ValueError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     detect_format(path)
     return launch(
         load_rank,

@@ -13,17 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from ._pickle import gc_paused
+from .dtypes import DType
 
 __all__ = ["Chunk", "Entry", "Kind", "Node", "Totals", "build_tree", "dtype_name"]
 
 Kind = Literal["tensor", "bytes", "object"]
 
 
-def dtype_name(dtype: torch.dtype | None) -> str | None:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
+def dtype_name(dtype: Any) -> str | None:
+    """``torch.bfloat16`` (or its :class:`~.dtypes.DType`) -> ``"bfloat16"``."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
@@ -51,7 +50,7 @@ class Entry:
 
     fqn: str
     kind: Kind
-    dtype: torch.dtype | None = None
+    dtype: DType | None = None
     shape: tuple[int, ...] | None = None
     byte_size: int = 0  # stored size of a non-tensor value, when known
     storage: str | None = None  # torch.save: the storage record this tensor views

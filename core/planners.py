@@ -7,9 +7,6 @@ Both are ordinary ``SavePlanner`` / ``LoadPlanner`` objects, usable with
 from __future__ import annotations
 
 import io
-import pickle
-import re
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -19,68 +16,25 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemType
 
 from ._io import FileRange
-from ._pickle import _names_a_global, _unsafe_message
 from ._tree import map_tensors
-from .errors import CorruptCheckpointError, UnsafePickleError
+from .errors import CorruptCheckpointError
 
-__all__ = ["LazySavePlanner", "NameFilter", "RegionPlanner", "SafeLoadPlanner", "safe_torch_load"]
-
-
-class NameFilter:
-    """``include`` / ``exclude`` regular expressions, searched in fully-qualified names.
-
-    A name is kept when it matches ``include`` (or ``include`` is None) and does not match
-    ``exclude``. Patterns use :func:`re.search`: anchor them (``^model\\.``) to match a prefix.
-    """
-
-    def __init__(self, include: str | None = None, exclude: str | None = None) -> None:
-        try:
-            self._include = re.compile(include) if include else None
-            self._exclude = re.compile(exclude) if exclude else None
-        except re.error as e:
-            raise ValueError(f"invalid name pattern: {e}") from e
-
-    def __call__(self, fqn: str) -> bool:
-        if self._include is not None and not self._include.search(fqn):
-            return False
-        return not (self._exclude is not None and self._exclude.search(fqn))
-
-
-def _core_reason(text: str) -> str:
-    """The informative line of torch's long weights-only error text."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        if line.startswith("WeightsUnpickler error") and i + 1 < len(lines):
-            return lines[i + 1]
-    return lines[0] if lines else "unreadable"
+__all__ = ["LazySavePlanner", "RegionPlanner", "SafeLoadPlanner", "safe_torch_load"]
 
 
 def safe_torch_load(data: io.BytesIO, label: str, *, trust: bool = False) -> Any:
-    """``torch.load`` of a DCP byte item: weights-only unless ``trust``, errors made actionable."""
+    """Load a DCP byte item (a torch.save archive): with DCP Studio's weights-only unpickler and
+    its tensors made real, or -- when ``trust`` -- with ``torch.load(weights_only=False)``."""
+    if not trust:
+        from ._tensor_io import materialize
+        from .formats.torchsave import TorchSaveFile
+
+        return map_tensors(TorchSaveFile(data, label=label).obj, materialize)
     try:
-        return torch.load(data, map_location="cpu", weights_only=not trust)
-    except pickle.UnpicklingError as e:
-        if not trust and _names_a_global(str(e)):
-            raise UnsafePickleError(_unsafe_message(label, e)) from e
-        raise CorruptCheckpointError(f"{label}: damaged pickle ({_core_reason(str(e))})") from e
-    except (
-        RuntimeError,
-        EOFError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        ImportError,
-        TypeError,
-        IndexError,
-        OverflowError,
-        MemoryError,
-        RecursionError,
-        UnicodeDecodeError,
-        NotImplementedError,
-        struct.error,
-    ) as e:
+        return torch.load(data, map_location="cpu", weights_only=False)
+    except Exception as e:  # a trusted pickle can raise anything
         first = str(e).splitlines()[0] if str(e) else ""
-        raise CorruptCheckpointError(f"{label}: damaged value ({type(e).__name__}: {first})") from e
+        raise CorruptCheckpointError(f"{label}: cannot load value ({type(e).__name__}: {first})") from e
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

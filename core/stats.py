@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from ._blocks import blocks
 from .inspect import Checkpoint
 from .model import dtype_name
 from .progress import CancelToken, ProgressCallback, Reporter
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TensorStats", "tensor_stats"]
 
@@ -41,6 +43,8 @@ class TensorStats:
 
 
 def _as_float64(block: torch.Tensor) -> torch.Tensor:
+    import torch
+
     if block.dtype.is_complex:
         return block.abs().to(torch.float64)
     return block.to(torch.float64)
@@ -68,6 +72,8 @@ def tensor_stats(
 ) -> TensorStats:
     """min, max, mean, std, NaN / Inf / zero counts and a histogram of one tensor, read in blocks
     of at most ``budget`` bytes. Complex tensors are summarised by magnitude."""
+    import torch
+
     entry = ckpt.entry(fqn)
     if entry.kind != "tensor" or entry.dtype is None:
         raise ValueError(f"{fqn} is not a tensor")

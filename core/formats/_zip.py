@@ -130,7 +130,7 @@ class ZipWriter:
     def _pos(self) -> int:
         return self._f.tell() - self._base
 
-    def write(self, name: str, data: bytes | memoryview, crc: int | None = None) -> None:
+    def write(self, name: str, data: bytes | bytearray | memoryview, crc: int | None = None) -> None:
         """Append a record; pass ``crc`` when it is already known (e.g. computed on another thread)."""
         mv = memoryview(data).cast("B")
         self._header(name, mv.nbytes, crc32(mv) if crc is None else crc)

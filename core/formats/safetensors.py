@@ -14,46 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .._io import FileRange, copy_range, tensor_buffer
+from .._io import FileRange, copy_range
+from ..dtypes import BY_SAFETENSORS, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["DTYPES", "SafetensorsTensor", "SafetensorsWriter", "read_safetensors_index"]
-
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "C64": torch.complex64,
-}
-for _name, _attr in (
-    ("F8_E4M3", "float8_e4m3fn"),
-    ("F8_E5M2", "float8_e5m2"),
-    ("U16", "uint16"),
-    ("U32", "uint32"),
-    ("U64", "uint64"),
-    ("F8_E8M0", "float8_e8m0fnu"),
-):
-    if hasattr(torch, _attr):
-        DTYPES[_name] = getattr(torch, _attr)
+__all__ = ["SafetensorsTensor", "SafetensorsWriter", "read_safetensors_index"]
 
 _MAX_HEADER = 100 << 20
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass(frozen=True)
 class SafetensorsTensor:
     name: str
     file: Path
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
     data_offset: int  # absolute byte offset in ``file``
     nbytes: int
@@ -85,7 +59,7 @@ def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
     tensors = []
     for name, spec in header.items():
         try:
-            dtype = DTYPES[spec["dtype"]]
+            dtype = BY_SAFETENSORS[spec["dtype"]]
             shape = tuple(int(s) for s in spec["shape"])
             start, end = (int(x) for x in spec["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
@@ -136,20 +110,18 @@ class SafetensorsWriter:
     """Streams one safetensors file: the header (all names, dtypes, shapes and offsets) first,
     then each tensor's bytes in header order -- from memory or copied from another file."""
 
-    def __init__(
-        self, f: Any, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str]
-    ) -> None:
+    def __init__(self, f: Any, tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: dict[str, str]) -> None:
         header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
         offset = 0
         self._expected: list[tuple[str, int]] = []
         for name, dtype, shape in tensors:
-            if dtype not in _NAMES:
+            if dtype.safetensors is None:
                 raise UnsupportedFormatError(f"safetensors cannot store {dtype} (tensor {name})")
             numel = 1
             for s in shape:
                 numel *= s
             nbytes = numel * dtype.itemsize
-            header[name] = {"dtype": _NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": dtype.safetensors, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
             self._expected.append((name, nbytes))
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -164,9 +136,8 @@ class SafetensorsWriter:
             raise ValueError(f"safetensors writer expected {want}, got {(name, nbytes)}")
         self._next += 1
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        data = tensor_buffer(tensor)
-        self._take(name, len(data))
+    def write(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        self._take(name, memoryview(data).nbytes)
         self._f.write(data)
 
     def copy(self, name: str, src: FileRange, label: str) -> None:

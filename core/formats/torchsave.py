@@ -1,9 +1,10 @@
-"""torch.save files, read lazily and written record by record.
+"""torch.save files, read lazily and written record by record -- without importing torch.
 
 Reading (:class:`TorchSaveFile`): the pickle is loaded with weights-only semantics into an object
-tree whose tensors are *meta* tensors; a tensor's bytes are read only when :meth:`materialize` is
-called, straight from its storage record. Opening a multi-GiB file therefore costs about as much
-as reading its pickle. Both the ZIP format (torch >= 1.6) and the legacy sequential format are read.
+tree whose tensors are :class:`~dcpstudio.core._refs.TensorRef` descriptions; a storage's bytes
+are read only when asked for, straight from its record. Opening a multi-GiB file therefore costs
+about as much as reading its pickle. Both the ZIP format (torch >= 1.6) and the legacy sequential
+format are read. :func:`dcpstudio.core._tensor_io.materialize` makes a torch tensor of a ref.
 
 Writing (:class:`TorchSaveWriter`): the pickle goes first, referencing storages by key, then each
 storage's record is appended as its bytes become available, so a whole checkpoint never needs to
@@ -12,49 +13,65 @@ be in memory. Files load with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import functools
+import array
 import io
 import os
-import pickle
 import struct
 import sys
 import zipfile
 import zlib
-from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-import torch
-
-from .._io import FileRange, read_exact, swap_bytes, tensor_buffer
-from .._pickle import LazyStorages, StorageRef, load_torch_pickle
-from .._tree import iter_tensors
+from .._io import FileRange, read_exact
+from .._pickle import LazyStorages, TorchPickler, load_torch_pickle
+from .._refs import StorageRef, TensorRef
+from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import ZipWriter, read_zip_records
 
-__all__ = ["TorchSaveFile", "TorchSaveWriter", "archive_name", "save_tensor"]
+__all__ = ["TorchSaveFile", "TorchSaveWriter", "archive_name", "swap_bytes", "write_archive", "write_tensor_archive"]
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
+_SWAP_CODES = {2: "H", 4: "I", 8: "Q"}
+
+
+def swap_bytes(data: bytearray, dtype: DType) -> bytearray:
+    """Big-endian ``dtype`` elements into native order (complex: each half swapped)."""
+    width = dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
+    code = _SWAP_CODES.get(width)
+    if code is None or array.array(code).itemsize != width:
+        return data
+    values = array.array(code)
+    values.frombytes(bytes(data))
+    values.byteswap()
+    return bytearray(values.tobytes())
 
 
 class TorchSaveFile:
-    """A torch.save file opened without reading tensor data. Use as a context manager."""
+    """A torch.save archive opened without reading tensor data: a file on disk, or an archive
+    held in memory (DCP stores each non-tensor value as one). Use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str], *, trust_pickle: bool = False) -> None:
-        self.path = Path(path)
-        self.label = str(path)
-        self.storages = LazyStorages()
+    def __init__(
+        self, path: str | os.PathLike[str] | io.BytesIO, *, trust_pickle: bool = False, label: str = ""
+    ) -> None:
+        self.path = Path(path) if not isinstance(path, io.BytesIO) else None
+        self.label = label or str(path)
+        self.storages = LazyStorages(self)
         self._locations: dict[str, tuple[int, int, int | None]] = {}  # offset, size, CRC
         self._compressed: dict[str, str] = {}
         self._big_endian = False
-        self._cache: tuple[str, torch.Tensor] | None = None
+        self._cache: tuple[str, memoryview] | None = None
+        if isinstance(path, io.BytesIO):
+            self._f: IO[bytes] = path
+        else:
+            try:
+                self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+            except OSError as e:
+                raise UnsupportedFormatError(f"cannot open {self.label}: {e.strerror or e}") from e
         try:
-            self._f: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 - closed by close()
-        except OSError as e:
-            raise UnsupportedFormatError(f"cannot open {self.label}: {e.strerror or e}") from e
-        try:
-            head = self._f.read(4)
+            head = self._read_small(0, min(4, self._size()))
             if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
                 self.obj = self._open_zip(trust_pickle)
                 self.format = "torch-zip"
@@ -63,15 +80,13 @@ class TorchSaveFile:
                 self.format = "torch-legacy"
             else:
                 raise UnsupportedFormatError(f"{self.label}: not a torch.save file")
-            for t in iter_tensors(self.obj):
-                if t.layout != torch.strided or t.is_quantized:
-                    kind = "quantized" if t.is_quantized else str(t.layout).removeprefix("torch.")
-                    raise UnsupportedFormatError(
-                        f"{self.label}: holds a {kind} tensor; only dense tensors are supported"
-                    )
         except BaseException:
             self._f.close()
             raise
+
+    def _size(self) -> int:
+        self._f.seek(0, os.SEEK_END)
+        return self._f.tell()
 
     # -- opening -------------------------------------------------------------------------------
     def _open_zip(self, trust: bool) -> Any:
@@ -115,7 +130,7 @@ class TorchSaveFile:
         if not isinstance(keys, list):
             raise CorruptCheckpointError(f"{self.label}: damaged legacy storage list")
         pos = self._f.tell()
-        size = os.fstat(self._f.fileno()).st_size
+        size = self._size()
         for key in keys:
             ref = self.storages.refs.get(str(key))
             if ref is None:
@@ -145,33 +160,53 @@ class TorchSaveFile:
         except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
             raise CorruptCheckpointError(f"{self.label}: cannot read record {name} ({e})") from e
 
-    # -- reading -------------------------------------------------------------------------------
+    # -- where bytes are -------------------------------------------------------------------------
+    def _own(self, ref: StorageRef | None) -> StorageRef:
+        if ref is None or ref.archive is not self:
+            raise ValueError(f"{self.label}: not a storage of this archive")
+        return ref
+
     def location(self, ref: StorageRef) -> tuple[int, int]:
-        """Byte offset and length of a storage's data in the file."""
-        offset, size, _crc = self._locations[ref.key]
+        """Byte offset and length of a storage's record in the file."""
+        offset, size, _crc = self._locations[self._own(ref).key]
         return offset, size
 
-    def source_range(self, t: torch.Tensor) -> FileRange | None:
-        """The file bytes of ``t`` when they can be copied verbatim: ``t`` is a contiguous view of
-        its whole storage, stored uncompressed in native byte order with a known CRC."""
-        ref = self.storages.ref_of(t)
-        if ref is None or ref.key in self._compressed or self._big_endian:
+    def in_place(self, ref: StorageRef) -> bool:
+        """Whether the storage's bytes lie in the file as they are (stored, native byte order)."""
+        return ref.key not in self._compressed and not self._big_endian
+
+    def storage_range(self, ref: StorageRef) -> FileRange | None:
+        """The storage's bytes in the file (CRC set when the record holds exactly them)."""
+        if not self.in_place(self._own(ref)) or self.path is None:
             return None
         offset, size, crc = self._locations[ref.key]
-        nbytes = t.numel() * t.element_size()
-        if crc is None or size != nbytes or ref.nbytes != nbytes or t.storage_offset() or not t.is_contiguous():
-            return None
-        return FileRange(self._f.fileno(), offset, nbytes, crc)
+        return FileRange(self._f.fileno(), offset, ref.nbytes, crc if size == ref.nbytes else None)
 
-    def read_storage(self, ref: StorageRef) -> torch.Tensor:
-        """The bytes of one storage as a uint8 tensor, in native byte order."""
+    def view_range(self, t: TensorRef) -> FileRange | None:
+        """Where the bytes of a contiguous view lie in place in the file (CRC set when it covers its
+        whole storage record), or None when they are not stored verbatim."""
+        ref = t.storage
+        if ref is None or not t.is_contiguous():
+            return None
+        whole = self.storage_range(ref)
+        if whole is None:
+            return None
+        if t.covers_storage():
+            return whole
+        return FileRange(whole.fd, whole.offset + t.byte_offset, t.nbytes)
+
+    # -- reading -------------------------------------------------------------------------------
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        """The bytes of one storage, in native byte order (the last one read is cached, for
+        tensors that share it)."""
+        self._own(ref)
         if self._cache is not None and self._cache[0] == ref.key:
             return self._cache[1]
-        buf = torch.empty(ref.nbytes, dtype=torch.uint8)
+        buf = bytearray(ref.nbytes)
         if ref.key in self._compressed:
             try:
                 with zipfile.ZipFile(self._f) as zf, zf.open(self._compressed[ref.key]) as member:
-                    view = tensor_buffer(buf)
+                    view = memoryview(buf)
                     while len(view):
                         got = member.readinto(view)  # type: ignore[attr-defined]
                         if not got:
@@ -180,47 +215,16 @@ class TorchSaveFile:
             except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
                 raise CorruptCheckpointError(f"{self.label}: cannot read storage {ref.key} ({e})") from e
         else:
-            read_exact(self._f, self._locations[ref.key][0], tensor_buffer(buf), self.label)
+            read_exact(self._f, self._locations[ref.key][0], memoryview(buf), self.label)
         if self._big_endian:
             buf = swap_bytes(buf, ref.dtype)
-        self._cache = (ref.key, buf)
-        return buf
-
-    def materialize(self, t: torch.Tensor) -> torch.Tensor:
-        """A CPU tensor with ``t``'s values; ``t`` must come from this file's object tree."""
-        ref = self.storages.ref_of(t)
-        if ref is None:
-            return t
-        buf = self.read_storage(ref)
-        out = torch.empty(0, dtype=t.dtype)
-        return out.set_(buf.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-
-    def view_range(self, view: torch.Tensor) -> FileRange | None:
-        """Where the bytes of a contiguous view lie in place in the file (CRC set when the view
-        covers its whole storage record), or None when they are not stored verbatim."""
-        whole = self.source_range(view)
-        if whole is not None:
-            return whole
-        ref = self.storages.ref_of(view)
-        if ref is None or ref.key in self._compressed or self._big_endian or not view.is_contiguous():
-            return None
-        start = self._locations[ref.key][0] + int(view.storage_offset()) * view.element_size()
-        return FileRange(self._f.fileno(), start, view.numel() * view.element_size())
-
-    def read_contiguous(self, view: torch.Tensor) -> torch.Tensor | None:
-        """The values of a contiguous view of one of this file's tensors, reading only its bytes;
-        None when they are not in place (compressed record) or the view is not contiguous."""
-        ref = self.storages.ref_of(view)
-        if ref is None or ref.key in self._compressed or not view.is_contiguous():
-            return None
-        out = torch.empty(tuple(view.shape), dtype=view.dtype)
-        if out.numel():
-            start = self._locations[ref.key][0] + int(view.storage_offset()) * view.element_size()
-            read_exact(self._f, start, tensor_buffer(out), self.label)
-            if self._big_endian:
-                raw = swap_bytes(out.reshape(-1).view(torch.uint8), view.dtype)
-                out = raw.view(view.dtype).reshape(out.shape)
+        out = memoryview(buf)
+        self._cache = (ref.key, out)
         return out
+
+    @property
+    def file(self) -> IO[bytes]:
+        return self._f
 
     def release(self) -> None:
         """Drop the cached storage (shared storages are cached while consecutive tensors use them)."""
@@ -237,24 +241,6 @@ class TorchSaveFile:
         self.close()
 
 
-class _StorageMarker:
-    """Stands for a storage whose bytes are written later (the pickle only needs its key)."""
-
-    __slots__ = ("dtype", "key", "numel")
-
-    def __init__(self, key: str, dtype: torch.dtype, numel: int) -> None:
-        self.key, self.dtype, self.numel = key, dtype, numel
-
-
-@functools.cache
-def _legacy_storage_type(dtype: torch.dtype) -> Any | None:
-    probe = torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(0), dtype=dtype, _internal=True)
-    try:
-        return getattr(torch, probe._pickle_storage_type())
-    except KeyError:
-        return None
-
-
 def archive_name(path: Path) -> str:
     """The top-level folder torch.save would use inside the archive for ``path``."""
     stem = path.name.rsplit(".", 1)[0] if "." in path.name[1:] else path.name
@@ -264,52 +250,30 @@ def archive_name(path: Path) -> str:
 class TorchSaveWriter:
     """Streams a torch.save ZIP archive into ``f``: :meth:`write_pickle`, the storages, :meth:`finish`.
 
-    Tensors in the pickled object may be *placeholders* (meta tensors registered in
-    ``placeholders``) whose bytes are supplied later through :meth:`write_storage`, or ordinary CPU
-    tensors, whose storages are written by :meth:`write_pending_real_storages`. Flushing and closing
-    ``f`` is the caller's business (:func:`save_tensor` and the converters do it).
+    Tensors in the pickled object are :class:`TensorRef` views of :class:`StorageRef` storages;
+    each distinct storage gets a record key, in order of first use, and its bytes are supplied
+    afterwards (:meth:`write_storage` from memory, :meth:`copy_storage` from another file). Views
+    and shared storages are written as they are, like torch.save. Flushing and closing ``f`` is
+    the caller's business.
     """
 
     def __init__(self, f: BinaryIO, archive: str = "archive") -> None:
         self._zip = ZipWriter(f, archive)
-        self._real: dict[str, torch.UntypedStorage] = {}
 
-    def write_pickle(self, obj: Any, placeholders: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """Write ``data.pkl``; returns ``(key, placeholder)`` in key order, each key once."""
-        order: list[tuple[str, torch.Tensor]] = []
-        keys: dict[tuple[str, int], str] = {}
-        real = self._real
+    def write_pickle(self, obj: Any) -> list[tuple[str, StorageRef]]:
+        """Write ``data.pkl``; returns ``(key, storage)`` in key order, each storage once."""
+        order: list[tuple[str, StorageRef]] = []
+        keys: dict[int, str] = {}
 
-        class _Pickler(pickle.Pickler):
+        class _Pickler(TorchPickler):
             def persistent_id(self, o: Any) -> Any:
-                if isinstance(o, _StorageMarker):
-                    st = _legacy_storage_type(o.dtype)
-                    if st is None:
-                        nbytes = o.numel * o.dtype.itemsize
-                        return ("storage", torch.UntypedStorage, o.key, "cpu", nbytes)
-                    return ("storage", st, o.key, "cpu", o.numel)
-                if isinstance(o, torch.storage.TypedStorage):
-                    key = keys.setdefault(("s", o._untyped_storage._cdata), str(len(keys)))
-                    real[key] = o._untyped_storage
-                    return ("storage", getattr(torch, o._pickle_storage_type()), key, "cpu", o._size())
-                if isinstance(o, torch.UntypedStorage):
-                    key = keys.setdefault(("s", o._cdata), str(len(keys)))
-                    real[key] = o
-                    return ("storage", torch.UntypedStorage, key, "cpu", o.nbytes())
-                return None
-
-            def reducer_override(self, o: Any) -> Any:
-                if not (isinstance(o, torch.Tensor) and id(o) in placeholders):
-                    return NotImplemented
-                key = keys.get(("p", id(o)))
+                if not isinstance(o, StorageRef):
+                    return None
+                key = keys.get(id(o))
                 if key is None:
-                    key = keys.setdefault(("p", id(o)), str(len(keys)))
+                    key = keys[id(o)] = str(len(keys))
                     order.append((key, o))
-                marker = _StorageMarker(key, o.dtype, o.numel())
-                args: tuple[Any, ...] = (marker, 0, tuple(o.size()), o.stride(), False, OrderedDict())
-                if _legacy_storage_type(o.dtype) is None:
-                    return (torch._utils._rebuild_tensor_v3, (*args, o.dtype))
-                return (torch._utils._rebuild_tensor_v2, args)
+                return ("storage", o.storage_type, key, "cpu", o.numel)
 
         buf = io.BytesIO()
         _Pickler(buf, protocol=2).dump(obj)
@@ -319,20 +283,13 @@ class TorchSaveWriter:
         self._zip.write("byteorder", sys.byteorder.encode())
         return order
 
-    def write_storage(self, key: str, tensor: torch.Tensor, crc: int | None = None) -> None:
-        """Append the record for ``key`` from a contiguous CPU tensor holding its bytes."""
-        self._zip.write(f"data/{key}", tensor_buffer(tensor), crc)
+    def write_storage(self, key: str, data: bytes | bytearray | memoryview, crc: int | None = None) -> None:
+        """Append the record for ``key`` from its bytes."""
+        self._zip.write(f"data/{key}", data, crc)
 
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
         self._zip.copy(f"data/{key}", src, label)
-
-    def write_pending_real_storages(self) -> None:
-        """Write the storages of ordinary tensors met while pickling (non-placeholders)."""
-        for key, storage in self._real.items():
-            data = torch.empty(0, dtype=torch.uint8).set_(storage)
-            self._zip.write(f"data/{key}", tensor_buffer(data))
-        self._real.clear()
 
     def finish(self) -> None:
         """Write the trailing records and the central directory."""
@@ -341,20 +298,41 @@ class TorchSaveWriter:
         self._zip.close()
 
 
-def save_tensor(
+def write_archive(obj: Any, archive: str = "archive") -> bytes:
+    """A whole torch.save archive of ``obj`` in memory (DCP byte items); the bytes of its tensors'
+    storages come from their archives."""
+    from .._io import crc32
+
+    buf = io.BytesIO()
+    writer = TorchSaveWriter(buf, archive)
+    for key, ref in writer.write_pickle(obj):
+        if ref.archive is None:
+            raise UnsupportedFormatError(f"a tensor in value {archive!r} has no data to write")
+        data = ref.archive.storage_bytes(ref)
+        writer.write_storage(key, data, crc32(data))
+    writer.finish()
+    return buf.getvalue()
+
+
+def write_tensor_archive(
     f: BinaryIO,
-    like: torch.Tensor,
-    data: torch.Tensor | FileRange,
+    dtype: DType,
+    shape: tuple[int, ...],
+    data: FileRange | bytes | bytearray | memoryview,
     *,
     crc: int | None = None,
     label: str = "",
 ) -> None:
-    """What ``torch.save(tensor, f)`` writes for a contiguous tensor shaped like ``like`` -- the
-    archive DCP stores for each tensor chunk -- with its bytes from a contiguous CPU tensor (and
-    its ``crc`` if known) or copied from a :class:`FileRange`."""
+    """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
+    each tensor chunk -- with its bytes from memory (and their ``crc`` if known) or copied from a
+    :class:`FileRange`."""
+    numel = 1
+    for s in shape:
+        numel *= s
     writer = TorchSaveWriter(f)
-    placeholder = torch.empty(like.size(), dtype=like.dtype, device="meta")
-    ((key, _),) = writer.write_pickle(placeholder, {id(placeholder): placeholder})
+    ((key, _),) = writer.write_pickle(
+        TensorRef.contiguous(StorageRef.for_tensor("0", dtype, numel, None), dtype, shape)
+    )
     if isinstance(data, FileRange):
         writer.copy_storage(key, data, label)
     else:

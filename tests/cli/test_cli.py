@@ -31,7 +31,7 @@ def test_format_utils_subcommands(rich_pt: Path, tmp_path: Path) -> None:
 def test_wrong_direction_is_an_error(rich_pt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dcp_to_torch", str(rich_pt), str(tmp_path / "x.pt")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("dcpstudio: error:") and "already a torch.save file" in err
+    assert err.startswith("dcpstudio: error:") and "not a DCP checkpoint directory (it is a torch.save file)" in err
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dcpstudio.core import UnsupportedFormatError, convert, detect_format, torch_save_to_dcp
+from dcpstudio.core import UnsupportedFormatError, convert, detect_format, open_checkpoint, torch_save_to_dcp
 
 
 def test_detects_each_format_by_content(rich_pt: Path, tmp_path: Path) -> None:
@@ -33,8 +33,10 @@ def test_safetensors_converts_to_dcp_by_default(tmp_path: Path) -> None:
     save_file({"w": torch.ones(2)}, st)
     assert convert(st, tmp_path / "out").target == "dcp"
     assert detect_format(tmp_path / "out") == "dcp"
-    with pytest.raises(UnsupportedFormatError, match="already a safetensors checkpoint"):
-        convert(st, tmp_path / "again", to="safetensors")
+    # the same format is a re-save (entries dropped, floats cast, re-sharded), not an error
+    assert convert(st, tmp_path / "again", to="safetensors", dtype="bf16").target == "safetensors"
+    with open_checkpoint(tmp_path / "again") as again:
+        assert again.entries["w"].dtype == torch.bfloat16
 
 
 def test_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from dcpstudio.core import (
     open_checkpoint,
     torch_save_to_dcp,
 )
-from dcpstudio.core.export import parse_size
+from dcpstudio.core.convert import parse_size
 from tests.conftest import leftovers
 
 
@@ -135,7 +135,7 @@ def test_bad_options_and_destinations(sources: dict[str, Path], tmp_path: Path) 
             convert(sources["torch"], tmp_path / "o", to="safetensors", max_shard_size=bad)
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size("500MB") == 5 * 10**8
     with pytest.raises(ValueError, match="apply to --to safetensors only"):
-        convert(sources["torch"], tmp_path / "o", to="dcp", dtype="bf16")
+        convert(sources["torch"], tmp_path / "o", to="dcp", strip_prefix="model.")
     torch.save({"w": torch.ones(1), "model": {"w": torch.ones(1)}}, tmp_path / "c.pt")
     with pytest.raises(DCPStudioError, match="both become 'w'"):
         convert(tmp_path / "c.pt", tmp_path / "c.safetensors", to="safetensors", strip_prefix="model.")

@@ -27,8 +27,8 @@ import json, os, resource, sys, time
 mode, src, dst = sys.argv[1:4]
 import torch, torch.distributed.checkpoint  # imported before timing, as a long-lived app would
 if mode.startswith("ours"):
-    from dcpstudio.core import torch_save_to_dcp, dcp_to_torch_save
-    from dcpstudio.core.export import to_safetensors
+    from dcpstudio.core import convert, torch_save_to_dcp, dcp_to_torch_save
+    to_safetensors = lambda src, dst: convert(src, dst, to="safetensors")
 else:
     from torch.distributed.checkpoint.format_utils import torch_save_to_dcp, dcp_to_torch_save
 fn = {"to_dcp": torch_save_to_dcp, "to_torch": dcp_to_torch_save}.get(mode.split("_", 1)[1]) or to_safetensors

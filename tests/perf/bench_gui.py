@@ -27,8 +27,8 @@ def main() -> int:
 
     from dcpstudio.app.main_window import MainWindow
     from dcpstudio.core import torch_save_to_dcp
+    from dcpstudio.core.convert import parse_size
     from dcpstudio.core.demo import llama_like_state_dict
-    from dcpstudio.core.export import parse_size
 
     app = QApplication([])
     with tempfile.TemporaryDirectory(prefix="dcpstudio-gui-") as tmp:

@@ -61,8 +61,8 @@ def main() -> int:
 
     import torch
 
+    from dcpstudio.core.convert import parse_size
     from dcpstudio.core.demo import llama_like_state_dict
-    from dcpstudio.core.export import parse_size
     from dcpstudio.core.launch import launch
     from dcpstudio.core.load import run_load
 

@@ -1,0 +1,176 @@
+"""The floor under every converter: what a conversion returns, where it may write, and the three
+streaming writers -- torch.save, DCP, safetensors -- fed with :class:`~._refs.TensorRef` tensors.
+
+Each writer computes the next tensor's bytes on a helper thread while the current one is written,
+copies bytes that lie verbatim in a source file inside the kernel, reports progress per tensor,
+and writes into an atomic temporary (see :mod:`._atomic`): the destination appears only complete
+and fsynced. None of this imports torch; a cast or a non-contiguous view does, when met.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ._atomic import atomic_output
+from ._io import FileRange
+from ._pipeline import prefetch
+from ._refs import StorageRef, TensorRef
+from ._tensor_io import Payload, tensor_bytes
+from .errors import DCPStudioError
+from .formats.dcp import DCPItem, write_dcp
+from .formats.safetensors import SafetensorsWriter
+from .formats.torchsave import TorchSaveWriter, archive_name
+from .progress import Reporter
+
+__all__ = [
+    "INDEX_FILE",
+    "TRUST_WARNING",
+    "ConversionResult",
+    "check_paths",
+    "io_error",
+    "storage_payload",
+    "write_dcp_output",
+    "write_safetensors_output",
+    "write_torch_save_output",
+]
+
+TRUST_WARNING = "trusting pickles in {}: code embedded in the checkpoint can run"
+INDEX_FILE = "model.safetensors.index.json"
+Target = Literal["dcp", "torch", "safetensors"]
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote."""
+
+    src: Path
+    dst: Path
+    target: Target
+    tensors: int
+    values: int
+    tensor_bytes: int
+    notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
+
+
+def check_paths(src: Path, dst: Path) -> None:
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents:
+        raise DCPStudioError(f"destination {dst} is the source or inside it; choose another path")
+
+
+def io_error(dst: Path, e: OSError) -> DCPStudioError:
+    return DCPStudioError(f"cannot write {dst}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
+
+
+def storage_payload(ref: StorageRef) -> Payload:
+    """A whole storage's bytes for a ZIP record: in place with its CRC, or in memory with it."""
+    if ref.archive is None:
+        raise DCPStudioError(f"storage {ref.key} has no data to write")
+    where = ref.archive.storage_range(ref)
+    if where is not None and where.crc is not None and where.nbytes == ref.nbytes:
+        return where
+    whole = TensorRef(ref, ref.dtype, (ref.numel,), (1,))
+    return tensor_bytes(whole, need_crc=True)
+
+
+def write_torch_save_output(
+    dst: Path, overwrite: bool, obj: Any, reporter: Reporter, label: str, names: dict[int, str]
+) -> None:
+    """Stream ``obj`` as a torch.save file: the pickle, then each storage's record -- copied in
+    the kernel when its bytes lie in place, else written from memory. ``names`` maps a storage's
+    ``id`` to the entry name shown in progress reports."""
+    try:
+        with atomic_output(dst, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+            writer = TorchSaveWriter(f, archive_name(dst))
+            order = writer.write_pickle(obj)
+
+            def produce(item: tuple[str, StorageRef]) -> Payload:
+                reporter.check()
+                return storage_payload(item[1])
+
+            for (key, ref), data in prefetch(produce, order):
+                name = names.get(id(ref), key)
+                if isinstance(data, FileRange):
+                    writer.copy_storage(key, data, f"{label} ({name})")
+                else:
+                    writer.write_storage(key, data[0], data[1])
+                reporter.advance(ref.nbytes, current=name)
+            writer.finish()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise io_error(dst, e) from e
+
+
+def write_dcp_output(dst: Path, overwrite: bool, items: Sequence[DCPItem], reporter: Reporter, label: str) -> None:
+    """Write ``items`` as a single-process DCP checkpoint at ``dst``."""
+
+    def payload(t: TensorRef) -> Payload:
+        reporter.check()
+        return tensor_bytes(t, need_crc=True)
+
+    def on_item(item: DCPItem) -> None:
+        reporter.advance(item.tensor.nbytes if item.tensor is not None else 0, current=item.fqn)
+
+    try:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
+            write_dcp(tmp, items, payload, checkpoint_id=str(dst), on_item=on_item, label=label)
+    except OSError as e:
+        raise io_error(dst, e) from e
+
+
+def write_safetensors_output(
+    dst: Path,
+    overwrite: bool,
+    shards: Sequence[Sequence[tuple[str, TensorRef]]],
+    metadata: dict[str, str],
+    reporter: Reporter,
+    label: str,
+    *,
+    single_file: bool,
+) -> None:
+    """One safetensors file (``single_file``), or a directory of shards with
+    ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order."""
+
+    def produce(item: tuple[str, TensorRef]) -> Payload:
+        reporter.check()
+        return tensor_bytes(item[1], need_crc=False)
+
+    try:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
+            if single_file:
+                files = [(tmp, shards[0])]
+            else:
+                tmp.mkdir()
+                n = len(shards)
+                files = [
+                    (tmp / ("model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"), s)
+                    for k, s in enumerate(shards, 1)
+                ]
+            for path, shard in files:
+                with open(path, "wb") as f:
+                    writer = SafetensorsWriter(f, [(name, t.dtype, t.shape) for name, t in shard], metadata)
+                    for (name, t), data in prefetch(produce, shard):
+                        if isinstance(data, FileRange):
+                            writer.copy(name, data, f"{label} ({name})")
+                        else:
+                            writer.write(name, data[0])
+                        reporter.advance(t.nbytes, current=name)
+                    writer.finish()
+            if not single_file:
+                total = sum(t.nbytes for shard in shards for _, t in shard)
+                index = {
+                    "metadata": {"total_size": total},
+                    "weight_map": {name: path.name for path, shard in files for name, _ in shard},
+                }
+                with open(tmp / INDEX_FILE, "w") as index_file:
+                    json.dump(index, index_file, indent=2)
+                    index_file.flush()
+                    os.fsync(index_file.fileno())
+    except OSError as e:
+        raise io_error(dst, e) from e
