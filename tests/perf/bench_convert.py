@@ -1,10 +1,17 @@
 """Side-by-side conversion benchmark: DCP Studio vs torch's format_utils vs ``cp`` + ``sync``.
 
 Makes a synthetic llama-like checkpoint (bf16 matrices, fp32 norms, ~110 tensors) of ``--size``
-bytes, then, alternating the contenders round by round, runs each conversion in a fresh process
-and records its wall time (around the conversion call, excluding interpreter start-up) and peak
-RSS (the process's ``VmHWM``; ``ru_maxrss`` would inherit the parent's peak across fork).
-``cp SRC DST && sync DST`` of the same bytes is the yardstick. Prints a table with ratios.
+bytes, then, alternating the contenders round by round, runs each conversion in a fresh process.
+Two ways of timing, side by side:
+
+* in-process: wall time around the conversion call, after the imports (a long-lived app);
+* whole process: the command a user types -- ``dcpstudio convert`` and torch's
+  ``python -m torch.distributed.checkpoint.format_utils`` -- from launch to exit, start-up and
+  imports included, peak RSS from ``wait4``.
+
+Peak RSS in-process is the process's ``VmHWM`` (``ru_maxrss`` would inherit the parent's peak
+across fork). ``cp SRC DST && sync DST`` of the same bytes is the yardstick. Prints a table with
+ratios.
 
     python tests/perf/bench_convert.py --size 2GiB --rounds 3
 """
@@ -43,6 +50,22 @@ print(json.dumps({"wall": wall, "rss": rss}))
 """
 
 
+MAKER = r"""
+import json, sys, warnings
+import torch
+from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+from dcpstudio.core.demo import llama_like_state_dict
+warnings.simplefilter("ignore")
+size, src_pt, src_dcp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sd = llama_like_state_dict(size)
+info = [len(sd["model"]), max(t.numel() * t.element_size() for t in sd["model"].values())]
+torch.save(sd, src_pt)
+del sd
+torch_save_to_dcp(src_pt, src_dcp)  # the DCP source is written by torch itself
+print(json.dumps(info))
+"""
+
+
 def parse_size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     t = text.lower().removesuffix("ib").removesuffix("b")
@@ -56,6 +79,25 @@ def run_python(mode: str, src: Path, dst: Path) -> dict[str, float]:
         [sys.executable, "-c", RUNNER, mode, str(src), str(dst)], check=True, capture_output=True, text=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_command(who: str, direction: str, src: Path, dst: Path) -> dict[str, float]:
+    """The whole command, from launch to exit (start-up and imports included)."""
+    if who == "ours-cli":
+        to = {"to_dcp": "dcp", "to_torch": "torch", "to_st": "safetensors"}[direction]
+        cmd = [sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), "--to", to, "-q"]
+    else:
+        name = {"to_dcp": "torch_to_dcp", "to_torch": "dcp_to_torch"}[direction]
+        cmd = [sys.executable, "-m", "torch.distributed.checkpoint.format_utils", name, str(src), str(dst)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if who == "torch-cli":
+        subprocess.run(["sync"], check=True)  # torch.save does not flush; ours and cp+sync do
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+    return {"wall": wall, "rss": usage.ru_maxrss * 1024}
 
 
 def run_cp(src: Path, dst: Path) -> dict[str, float]:
@@ -81,42 +123,42 @@ def main() -> int:
     ap.add_argument("--skip-torch", action="store_true", help="leave torch's format_utils out (it is slow)")
     args = ap.parse_args()
 
-    import torch
-    from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
-
-    from dcpstudio.core.demo import llama_like_state_dict
-
     size = parse_size(args.size)
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcpstudio-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     src_pt, src_dcp = work / "src.pt", work / "src_dcp"
-    sd = llama_like_state_dict(size)
-    n_tensors = len(sd["model"])
-    largest = max(t.numel() * t.element_size() for t in sd["model"].values())
-    torch.save(sd, src_pt)
-    del sd
-    torch_save_to_dcp(src_pt, src_dcp)  # the DCP source is written by torch itself
+    # made in a child process: this one stays small, so the children's peak RSS (which Linux
+    # carries over from the parent at fork) measures them alone
+    made = subprocess.run([sys.executable, "-c", MAKER, str(size), str(src_pt), str(src_dcp)], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    n_tensors, largest = json.loads(made.stdout.strip().splitlines()[-1])
     actual = src_pt.stat().st_size
     print(f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, largest {largest / 2**20:.1f} MiB, in {work}")
 
     directions = {"to_dcp": src_pt, "to_torch": src_dcp, "to_st": src_dcp}  # to_st: DCP -> safetensors
-    contenders = ["ours", "cp"] + ([] if args.skip_torch else ["torch"])
+    contenders = ["ours", "ours-cli", "cp"] + ([] if args.skip_torch else ["torch", "torch-cli"])
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for r in range(args.rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for direction, src in directions.items():
             for who in order:
-                if who == "torch" and direction == "to_st":
+                if who.startswith("torch") and direction == "to_st":
                     continue  # torch has no converter to safetensors
                 dst = work / f"out_{direction}_{who}"
                 remove(dst)
-                res = run_cp(src, dst) if who == "cp" else run_python(f"{who}_{direction}", src, dst)
+                subprocess.run(["sync"], check=True)  # start from clean page cache writeback, every contender
+                if who == "cp":
+                    res = run_cp(src, dst)
+                elif who.endswith("-cli"):
+                    res = run_command(who, direction, src, dst)
+                else:
+                    res = run_python(f"{who}_{direction}", src, dst)
                 results.setdefault((direction, who), []).append(res)
                 remove(dst)
                 print(f"  round {r + 1} {direction:8} {who:6} {res['wall']:7.2f} s", flush=True)
 
     print()
-    print(f"{'direction':10} {'tool':24} {'wall (median)':>14} {'vs cp+sync':>11} {'peak RSS':>10}")
+    print(f"{'direction':10} {'tool':28} {'wall (median)':>14} {'vs cp+sync':>11} {'peak RSS':>10}")
     for direction in directions:
         cp_wall = statistics.median(x["wall"] for x in results[(direction, "cp")])
         for who in contenders:
@@ -125,9 +167,15 @@ def main() -> int:
                 continue
             wall = statistics.median(x["wall"] for x in rows)
             rss = max(x["rss"] for x in rows)
-            name = {"ours": "dcpstudio", "cp": "cp + sync", "torch": "torch format_utils"}[who]
+            name = {
+                "ours": "dcpstudio (in-process)",
+                "ours-cli": "dcpstudio (whole command)",
+                "cp": "cp + sync",
+                "torch": "format_utils (in-process)",
+                "torch-cli": "format_utils (whole command)",
+            }[who]
             rss_text = "-" if rss != rss else f"{rss / 2**20:.0f} MiB"
-            print(f"{direction:10} {name:24} {wall:12.2f} s {wall / cp_wall:10.2f}x {rss_text:>10}")
+            print(f"{direction:10} {name:28} {wall:12.2f} s {wall / cp_wall:10.2f}x {rss_text:>10}")
     if not args.dir:
         shutil.rmtree(work)
     return 0
