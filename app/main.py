@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from PySide6.QtWidgets import QWidget
+
     from .main_window import MainWindow
 
 __all__ = ["create_window", "run"]
@@ -16,6 +20,7 @@ __all__ = ["create_window", "run"]
 
 def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindow:
     """The configured, shown main window (the QApplication must exist)."""
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from .main_window import MainWindow
@@ -31,17 +36,33 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
         if icon.is_file():
             app.setWindowIcon(QIcon(str(icon)))
     window = MainWindow()
+    window.show()  # first: everything below runs on worker threads
+    _report_first_paint(window)
+    QTimer.singleShot(50, window.load_torch_in_background)  # once the first frame is on screen
     if demo:
-        from dcpstudio.core.demo import write_demo
-
-        pt, dcp_dir = write_demo()
-        window.settings.add_recent(pt)
-        window.browser.set_root(str(dcp_dir.parent))
-        window.open_path(dcp_dir)
+        window.open_demo()
     elif paths:
         window.open_path(Path(paths[0]))
-    window.show()
     return window
+
+
+def _report_first_paint(window: QWidget) -> None:
+    """For tests/perf/bench_startup.py: with ``DCPSTUDIO_FIRST_PAINT=FILE``, the wall-clock time of
+    the window's first paint is written to FILE."""
+    target = os.environ.get("DCPSTUDIO_FIRST_PAINT", "")
+    if not target:
+        return
+    from PySide6.QtCore import QEvent, QObject
+
+    class _Probe(QObject):
+        def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+            if event.type() == QEvent.Type.Paint:
+                Path(target).write_text(f"{time.time():.6f}\n")
+                watched.removeEventFilter(self)
+            return False
+
+    probe = _Probe(window)
+    window.installEventFilter(probe)
 
 
 _NOISE = ("This plugin does not support propagateSizeHints()",)  # offscreen platform chatter, not a problem

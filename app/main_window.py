@@ -16,6 +16,7 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (
     QFileDialog,
     QHeaderView,
+    QLabel,
     QLineEdit,
     QMainWindow,
     QMessageBox,
@@ -132,6 +133,8 @@ class MainWindow(QMainWindow):
         clay.addWidget(split, 1)
         self.setCentralWidget(central)
         self._build_menu()
+        self.torch_status = QLabel()
+        self.statusBar().addPermanentWidget(self.torch_status)
         self.details.show_summary(None)
         geometry = self.settings.geometry()
         if geometry is not None:
@@ -217,6 +220,47 @@ class MainWindow(QMainWindow):
             path = self._pending_open
             actions = [("Open trusting this file", lambda: self.open_path(path, trust_pickle=True))]
         self.notifier.error(exc, actions)
+
+    # -- start-up ----------------------------------------------------------------------------------
+    def load_torch_in_background(self) -> Job:
+        """Import PyTorch and its DCP package (seconds of CPU) on a worker thread while the window is
+        already in use: browsing, opening any checkpoint and converting need none of it. Previews,
+        statistics, verify and multi-rank load import it when they run; a worker that gets there
+        first waits for this import, never the GUI thread."""
+        self.torch_status.setText("Loading PyTorch…")
+
+        def work(progress: Any, cancel: Any) -> str:
+            import torch
+            import torch.distributed.checkpoint
+
+            import dcpstudio.core.formats.dcp_storage  # noqa: F401
+
+            return str(torch.__version__)
+
+        def done(version: str) -> None:
+            self.torch_status.setText("")
+            self.torch_status.setToolTip(f"PyTorch {version}")
+
+        job = self._start("torch", work, done)
+        job.errored.connect(lambda e: self.torch_status.setText("PyTorch failed to load"))
+        return job
+
+    def open_demo(self) -> Job:
+        """Write the demo checkpoints (a worker job), then open the DCP one."""
+        self.statusBar().showMessage("Writing the demo checkpoints…")
+
+        def work(progress: Any, cancel: Any) -> tuple[Path, Path]:
+            from dcpstudio.core.demo import write_demo
+
+            return write_demo()
+
+        def done(paths: tuple[Path, Path]) -> None:
+            pt, dcp_dir = paths
+            self.settings.add_recent(pt)
+            self.browser.set_root(str(dcp_dir.parent))
+            self.open_path(dcp_dir)
+
+        return self._start("demo", work, done)
 
     # -- opening -----------------------------------------------------------------------------------
     _pending_open: Path | None = None
