@@ -509,6 +509,17 @@ GLOBAL_NAMES: dict[Any, tuple[str, str]] = {
 }
 
 
+def _reduce_tensor(t: TensorRef) -> Any:
+    """What torch.save writes for a tensor: ``_rebuild_tensor_v2`` over a typed storage, or ``_v3``
+    with an untyped one (dtypes without a legacy storage class)."""
+    if t.storage is None:
+        raise UnsupportedFormatError("a tensor saved without data cannot be written")
+    args: tuple[Any, ...] = (t.storage, t.storage_offset, t.shape, t.stride, False, OrderedDict())
+    if not t.storage.typed:
+        return (_rebuild_tensor_v3, (*args, t.dtype))
+    return (_rebuild_tensor_v2, args)
+
+
 def global_name(obj: Any) -> tuple[str, str] | None:
     """The torch global a stand-in is written as (None for anything else)."""
     if type(obj) is DType:
@@ -543,6 +554,13 @@ class TorchPickler(_PurePickler):
                 self.save_global(obj)
             return
         super().save(obj, save_persistent_id)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is TensorRef:
+            return _reduce_tensor(obj)
+        if type(obj) is Layout:
+            return (get_layout, (str(obj),))
+        return NotImplemented
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
         target = global_name(obj)

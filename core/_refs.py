@@ -11,12 +11,11 @@ only when a value is needed. The small stand-ins below (:class:`Size`, :class:`D
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .dtypes import BY_STORAGE, DTYPES, DType
-from .errors import CorruptCheckpointError, UnsupportedFormatError
+from .errors import CorruptCheckpointError
 
 if TYPE_CHECKING:
     from ._io import FileRange
@@ -192,18 +191,6 @@ class TensorRef:
         if not isinstance(state, (dict, tuple)) or not hasattr(self, "dtype"):
             raise CorruptCheckpointError("damaged tensor state in pickle")
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        """Pickles as torch.save does: ``_rebuild_tensor_v2`` over a typed storage, or ``_v3`` with
-        an untyped one for dtypes without a legacy storage class (see ``_pickle.TorchPickler``)."""
-        from . import _pickle
-
-        if self.storage is None:
-            raise UnsupportedFormatError("a tensor saved without data cannot be written")
-        args: tuple[Any, ...] = (self.storage, self.storage_offset, self.shape, self.stride, False, OrderedDict())
-        if not self.storage.typed:
-            return (_pickle.REBUILD["_rebuild_tensor_v3"], (*args, self.dtype))
-        return (_pickle.REBUILD["_rebuild_tensor_v2"], args)
-
     def __repr__(self) -> str:
         return f"TensorRef({self.dtype}, {list(self.shape)})"
 
@@ -263,8 +250,3 @@ class Layout(str):
     """``torch.strided`` and friends, as ``torch.serialization._get_layout`` names them."""
 
     __slots__ = ()
-
-    def __reduce__(self) -> Any:
-        from . import _pickle
-
-        return (_pickle.GET_LAYOUT, (str(self),))
