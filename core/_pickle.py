@@ -32,6 +32,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from ._pickle_guard import run_with_stack, scan
 from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSource, StorageType, TensorRef
 from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
@@ -193,6 +194,13 @@ def _encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes
     return text.encode("latin1")
 
 
+def _bytearray(source: Any = b"") -> bytearray:
+    """``bytearray``, as pickles use it: from bytes only (``bytearray(2**28)`` would allocate them)."""
+    if not isinstance(source, (bytes, bytearray)):
+        raise CorruptCheckpointError(f"unexpected bytearray({type(source).__name__}) in pickle")
+    return bytearray(source)
+
+
 REBUILD: dict[str, Callable[..., Any]] = {
     "_rebuild_tensor": _rebuild_tensor,
     "_rebuild_tensor_v2": _rebuild_tensor_v2,
@@ -216,7 +224,7 @@ TORCH_SAVE_GLOBALS: dict[tuple[str, str], Any] = {
     ("torch", "Tensor"): TensorType,
     ("torch", "device"): Device,
     ("_codecs", "encode"): _encode,
-    ("builtins", "bytearray"): bytearray,
+    ("builtins", "bytearray"): _bytearray,
     ("builtins", "set"): set,
     ("builtins", "complex"): complex,
     **{("torch", name): dtype for name, dtype in BY_NAME.items()},
@@ -332,10 +340,26 @@ _CORRUPT_ERRORS = (
 )
 
 
-def _load(unpickler: _Restricted, label: str, what: str) -> Any:
-    try:
+def _load(
+    data: bytes | bytearray,
+    label: str,
+    what: str,
+    allowed: dict[tuple[str, str], Any],
+    *,
+    trust: bool,
+    storages: LazyStorages | None = None,
+) -> Any:
+    """Scan the stream (:mod:`._pickle_guard`), then unpickle it with ``allowed`` globals."""
+    info = scan(data, label)
+
+    def run() -> Any:
+        unpickler = _Restricted(io.BytesIO(data), label, allowed, trust=trust)
+        unpickler._storages = storages
         with gc_paused():
             return unpickler.load()
+
+    try:
+        return run_with_stack(info, label, run)
     except UnsafePickleError:
         raise
     except (CorruptCheckpointError, UnsupportedFormatError) as e:
@@ -347,12 +371,10 @@ def _load(unpickler: _Restricted, label: str, what: str) -> Any:
         raise CorruptCheckpointError(f"{label}: damaged {what} ({type(e).__name__}: {e})") from e
 
 
-def load_torch_pickle(f: IO[bytes], label: str, storages: LazyStorages, *, trust: bool = False) -> Any:
+def load_torch_pickle(data: bytes | bytearray, label: str, storages: LazyStorages, *, trust: bool = False) -> Any:
     """Unpickle a torch.save pickle with weights-only semantics (or full, when ``trust``);
     tensors come out as :class:`TensorRef` over ``storages``."""
-    unpickler = _Restricted(f, label, TORCH_SAVE_GLOBALS, trust=trust)
-    unpickler._storages = storages
-    return _load(unpickler, label, "pickle")
+    return _load(data, label, "pickle", TORCH_SAVE_GLOBALS, trust=trust, storages=storages)
 
 
 # -- DCP .metadata ---------------------------------------------------------------------------------
@@ -447,9 +469,7 @@ def _unsafe_metadata(label: str) -> Callable[[UnsafePickleError], UnsafePickleEr
 def load_light_metadata(data: bytes, label: str, *, trust: bool = False) -> Any:
     """Unpickle a DCP ``.metadata`` into :class:`LightRecord` objects (restricted, GC paused)."""
     try:
-        return _load(
-            _Restricted(io.BytesIO(data), label, LIGHT_METADATA_GLOBALS, trust=trust), label, "metadata pickle"
-        )
+        return _load(data, label, "metadata pickle", LIGHT_METADATA_GLOBALS, trust=trust)
     except UnsafePickleError as e:
         raise _unsafe_metadata(label)(e) from None
 

@@ -13,7 +13,34 @@ from typing import Any
 from ._refs import is_tensor
 from .errors import CorruptCheckpointError
 
-__all__ = ["flatten_state_dict", "iter_tensors", "map_tensors", "set_element"]
+__all__ = ["check_depth", "flatten_state_dict", "iter_tensors", "map_tensors", "set_element"]
+
+MAX_DEPTH = 200
+
+
+def check_depth(obj: Any, label: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse values nested deeper than ``limit`` (an iterative walk: it cannot overflow). Deeper
+    nesting is no state dict, and would overflow the recursion of everything that walks it --
+    hashing a tuple nested a million deep crashes the interpreter."""
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    seen: set[int] = set()
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise CorruptCheckpointError(f"{label}: values nested deeper than {limit} levels")
+        if isinstance(value, (str, bytes, bytearray, int, float, complex, bool)) or value is None:
+            continue
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            stack.extend((k, depth + 1) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend((v, depth + 1) for v in value)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            stack.extend((v, depth + 1) for v in vars(value).values())
+
 
 Path = tuple[str | int, ...]
 

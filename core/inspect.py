@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ._files import member_path, open_member, open_regular, read_regular
 from ._io import FileRange, read_box, read_exact
 from ._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from ._refs import StorageRef, TensorRef
@@ -26,7 +27,7 @@ from ._tensor_io import materialize, to_bytes
 from ._tree import flatten_state_dict, map_tensors
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError, UnsupportedFormatError
-from .formats.dcp import METADATA_FILE, decode_item, open_chunk
+from .formats.dcp import METADATA_FILE, METADATA_LIMIT, decode_item, open_chunk
 from .formats.detect import Format, detect_format
 from .formats.safetensors import read_safetensors_index
 from .formats.torchsave import TorchSaveFile
@@ -178,15 +179,18 @@ class _OpenFiles:
         self._what = what
         self._files: dict[str, IO[bytes]] = {}
 
-    def get(self, relative_path: str) -> IO[bytes]:
-        f = self._files.get(relative_path)
+    def get(self, name: str | Path) -> IO[bytes]:
+        """A file the checkpoint names (which must lie inside it and be a regular file), or a path
+        already checked so (an absolute :class:`Path`)."""
+        key = str(name)
+        f = self._files.get(key)
         if f is None:
-            path = self._root / relative_path
-            try:
-                f = self._files[relative_path] = open(path, "rb")  # noqa: SIM115 - closed by close()
-            except OSError as e:
-                raise CorruptCheckpointError(f"{path}: cannot open {self._what} ({e.strerror or e})") from e
+            opened = open_regular(name) if isinstance(name, Path) else open_member(self._root, name, self._what)
+            f = self._files[key] = opened
         return f
+
+    def size(self, relative_path: str) -> int:
+        return os.fstat(self.get(relative_path).fileno()).st_size
 
     def close(self) -> None:
         for f in self._files.values():
@@ -222,10 +226,7 @@ class DCPCheckpoint(Checkpoint):
 
     def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
         md_path = path / METADATA_FILE
-        try:
-            data = md_path.read_bytes()
-        except OSError as e:
-            raise CorruptCheckpointError(f"{md_path}: cannot read ({e.strerror or e})") from e
+        data = read_regular(member_path(path, METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path))
         label = str(md_path)
         md: Any = None
         if len(data) > _HEAD_ONLY_ABOVE and not trust_pickle:
@@ -579,14 +580,14 @@ class SafetensorsCheckpoint(Checkpoint):
                 entries.setdefault(fqn, Entry(fqn, "object", value=value))
         super().__init__(path, entries, info)
         root = path if path.is_dir() else path.parent
-        self._files = _OpenFiles(root, "safetensors file")
+        self._files = _OpenFiles(root, "safetensors shard")
 
     def chunks(self, fqn: str) -> list[Chunk]:
         t = self._where[self.entry(fqn).fqn]
         return [whole_chunk(self.entries[fqn], relative(t.file, self.path), t.data_offset)]
 
     def _file(self, path: Path) -> IO[bytes]:
-        return self._files.get(str(path))
+        return self._files.get(path)  # checked inside the checkpoint when the index was read
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         entry = self.tensor_entry(fqn)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .._files import member_path, read_regular
 from .._io import FileRange, read_exact
 from .._pickle import LIGHT_METADATA_GLOBALS, LazyStorages, TorchPickler, load_light_metadata, load_torch_pickle
 from .._pipeline import prefetch
@@ -35,18 +36,16 @@ from .torchsave import write_archive, write_tensor_archive
 __all__ = ["METADATA_FILE", "DCPItem", "decode_item", "open_chunk", "read_light_metadata", "write_dcp"]
 
 METADATA_FILE = ".metadata"
+METADATA_LIMIT = 2 << 30  # a .metadata larger than this is refused before it is read
 _ZSTD = "stream.zstd/1"
 
 
 def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
     """A DCP directory's ``.metadata`` as light records (no code from it runs unless ``trust``)."""
     md_path = path / METADATA_FILE
-    try:
-        data = md_path.read_bytes()
-    except FileNotFoundError as e:
-        raise UnsupportedFormatError(f"{path}: no {METADATA_FILE} file; not a complete DCP checkpoint") from e
-    except OSError as e:
-        raise CorruptCheckpointError(f"{md_path}: cannot read ({e.strerror or e})") from e
+    if not md_path.exists():
+        raise UnsupportedFormatError(f"{path}: no {METADATA_FILE} file; not a complete DCP checkpoint")
+    data = read_regular(member_path(path, METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path))
     md = load_light_metadata(data, str(md_path), trust=trust)
     if not isinstance(getattr(md, "state_dict_metadata", None), dict):
         raise CorruptCheckpointError(f"{md_path}: does not hold DCP metadata")
@@ -118,7 +117,7 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> Chunk:
     raw = bytearray(pkl.size)
     read_exact(f, offset + pkl.data_offset, memoryview(raw), label)
     storages = LazyStorages()
-    tensor = load_torch_pickle(io.BytesIO(raw), label, storages)
+    tensor = load_torch_pickle(raw, label, storages)
     if not isinstance(tensor, TensorRef) or tensor.storage is None:
         raise CorruptCheckpointError(f"{label}: tensor chunk does not hold a tensor")
     rec = records.get(f"{prefix}data/{tensor.storage.key}")

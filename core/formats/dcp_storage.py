@@ -28,7 +28,7 @@ import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -42,13 +42,14 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .._files import member_path, open_member, read_regular
 from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
-from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _Restricted, _unsafe_metadata, get_layout
+from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata, get_layout
 from .._pipeline import prefetch
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
 from ._zip import FileView
-from .dcp import METADATA_FILE, open_chunk
+from .dcp import METADATA_FILE, METADATA_LIMIT, open_chunk
 from .torchsave import write_tensor_archive
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "unwrap_error"]
@@ -85,17 +86,12 @@ def read_metadata(path: str | os.PathLike[str], *, trust_pickle: bool = False) -
     """Load a DCP directory's ``.metadata`` as torch's ``Metadata`` without running code from it
     (unless trusted)."""
     md_path = Path(path) / METADATA_FILE
-    try:
-        data = md_path.read_bytes()
-    except FileNotFoundError as e:
-        raise UnsupportedFormatError(f"{path}: no {METADATA_FILE} file; not a complete DCP checkpoint") from e
-    except OSError as e:
-        raise CorruptCheckpointError(f"{md_path}: cannot read ({e.strerror or e})") from e
+    if not md_path.exists():
+        raise UnsupportedFormatError(f"{path}: no {METADATA_FILE} file; not a complete DCP checkpoint")
+    data = read_regular(member_path(Path(path), METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path))
     label = str(md_path)
     try:
-        md = _load(
-            _Restricted(io.BytesIO(data), label, _metadata_globals(), trust=trust_pickle), label, "metadata pickle"
-        )
+        md = _load(data, label, "metadata pickle", _metadata_globals(), trust=trust_pickle)
     except UnsafePickleError as e:
         raise _unsafe_metadata(label)(e) from None
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
@@ -117,35 +113,6 @@ class DCPReader(FileSystemReader):
         super().__init__(path)
         self.trust_pickle = trust_pickle
         self.bytes_read = 0
-        self._files: dict[str, IO[bytes]] = {}
-
-    def whole_tensor_range(self, fqn: str, md: TensorStorageMetadata) -> FileRange | None:
-        """Where tensor ``fqn`` lies verbatim in one data file -- saved as a single contiguous
-        chunk in native byte order -- so a converter can copy it without reading it; else None."""
-        if len(md.chunks) != 1:
-            return None
-        chunk_md = md.chunks[0]
-        if any(chunk_md.offsets) or list(chunk_md.sizes) != list(md.size):
-            return None
-        info = self.storage_data.get(MetadataIndex(fqn, chunk_md.offsets))
-        if info is None or getattr(info, "transform_descriptors", None):
-            return None
-        f = self._files.get(info.relative_path)
-        if f is None:
-            path = Path(self.path) / info.relative_path
-            try:
-                f = self._files[info.relative_path] = open(path, "rb", buffering=0)  # noqa: SIM115
-            except OSError as e:
-                raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
-        chunk = open_chunk(f, info.offset, info.length, f"{self.path}/{info.relative_path} ({fqn})")
-        found = chunk.file_range(f.fileno(), md.properties.dtype, md.size)
-        return found if found is not None and found.crc is not None else None  # ZIP outputs need the CRC
-
-    def close(self) -> None:
-        """Close the data files opened by :meth:`whole_tensor_range`."""
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         md = read_metadata(self.path, trust_pickle=self.trust_pickle)
@@ -161,11 +128,7 @@ class DCPReader(FileSystemReader):
             per_file.setdefault(info.relative_path, []).append(item)
         for relative_path, items in per_file.items():
             path = Path(self.path) / relative_path
-            try:
-                f = open(path, "rb", buffering=0)  # noqa: SIM115
-            except OSError as e:
-                raise CorruptCheckpointError(f"{path}: cannot open DCP data file ({e.strerror or e})") from e
-            with f:
+            with open_member(Path(self.path), relative_path, "DCP data file") as f:
                 for item in sorted(items, key=lambda i: self._info(i).offset):
                     self._read_item(cast(IO[bytes], f), path, item, planner)
         fut: Future[None] = Future()

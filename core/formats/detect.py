@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 from typing import Literal
 
+from .._files import open_regular
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = ["Format", "detect_format"]
@@ -43,8 +44,8 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
     if p.name.endswith(".safetensors.index.json"):
         return "safetensors"
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(512)
     except OSError as e:
         raise UnsupportedFormatError(f"{p}: cannot read ({e.strerror or e})") from e

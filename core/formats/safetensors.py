@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._files import member_path, open_regular, read_regular
 from .._io import FileRange, copy_range
 from ..dtypes import BY_SAFETENSORS, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -35,8 +36,8 @@ class SafetensorsTensor:
 
 def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise CorruptCheckpointError(f"{path}: too short for a safetensors file")
@@ -86,13 +87,14 @@ def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[Safetenso
         root = index.parent
         if index.is_file():
             try:
-                data = json.loads(index.read_text())
-                files = sorted({root / f for f in data["weight_map"].values()})
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                data = json.loads(read_regular(index, _MAX_HEADER))
+                names = set(data["weight_map"].values())
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CorruptCheckpointError(f"{index}: damaged safetensors index ({e})") from e
+            files = sorted(member_path(root, name, "shard named by the safetensors index") for name in names)
             info["index"] = str(index)
         else:
-            files = sorted(root.glob("*.safetensors"))
+            files = sorted(member_path(root, f.name, "safetensors file") for f in root.glob("*.safetensors"))
     else:
         files = [p]
     tensors: list[SafetensorsTensor] = []

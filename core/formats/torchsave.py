@@ -14,7 +14,9 @@ be in memory. Files load with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import array
+import contextlib
 import io
+import mmap
 import os
 import struct
 import sys
@@ -23,9 +25,12 @@ import zlib
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from .._files import open_regular
 from .._io import FileRange, read_exact
 from .._pickle import LazyStorages, TorchPickler, load_torch_pickle
+from .._pickle_guard import scan
 from .._refs import StorageRef, TensorRef
+from .._tree import check_depth
 from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import ZipWriter, read_zip_records
@@ -66,10 +71,7 @@ class TorchSaveFile:
         if isinstance(path, io.BytesIO):
             self._f: IO[bytes] = path
         else:
-            try:
-                self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-            except OSError as e:
-                raise UnsupportedFormatError(f"cannot open {self.label}: {e.strerror or e}") from e
+            self._f = open_regular(Path(path), self.label)
         try:
             head = self._read_small(0, min(4, self._size()))
             if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
@@ -80,6 +82,7 @@ class TorchSaveFile:
                 self.format = "torch-legacy"
             else:
                 raise UnsupportedFormatError(f"{self.label}: not a torch.save file")
+            check_depth(self.obj, self.label)
         except BaseException:
             self._f.close()
             raise
@@ -100,7 +103,7 @@ class TorchSaveFile:
             self._big_endian = self._read_small(order.data_offset, order.size) == b"big"
         pkl = records[pickles[0]]
         data = self._record_bytes(pkl.name, pkl.data_offset, pkl.size, pkl.stored)
-        obj = load_torch_pickle(io.BytesIO(data), self.label, self.storages, trust=trust)
+        obj = load_torch_pickle(data, self.label, self.storages, trust=trust)
         for key, ref in self.storages.refs.items():
             rec = records.get(f"{prefix}data/{key}")
             if rec is None:
@@ -115,22 +118,31 @@ class TorchSaveFile:
         return obj
 
     def _open_legacy(self, trust: bool) -> Any:
-        self._f.seek(0)
+        """Five pickles in a row (magic number, protocol, system info, the object, storage keys),
+        then each storage's element count and bytes."""
+        size = self._size()
+        pos = 0
         scratch = LazyStorages()
-        magic = load_torch_pickle(self._f, self.label, scratch)
-        if magic != _LEGACY_MAGIC:
-            raise UnsupportedFormatError(f"{self.label}: a pickle, but not a torch.save file")
-        if load_torch_pickle(self._f, self.label, scratch) != _LEGACY_PROTOCOL:
-            raise UnsupportedFormatError(f"{self.label}: unsupported legacy torch.save protocol")
-        sys_info = load_torch_pickle(self._f, self.label, scratch)
-        if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
-            self._big_endian = True
-        obj = load_torch_pickle(self._f, self.label, self.storages, trust=trust)
-        keys = load_torch_pickle(self._f, self.label, scratch)
+        with mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if self.path else _Whole(self._f) as data:
+
+            def next_pickle(storages: LazyStorages, trusted: bool = False) -> Any:
+                nonlocal pos
+                end = scan(data, self.label, pos).end
+                value = load_torch_pickle(bytes(data[pos:end]), self.label, storages, trust=trusted)
+                pos = end
+                return value
+
+            if next_pickle(scratch) != _LEGACY_MAGIC:
+                raise UnsupportedFormatError(f"{self.label}: a pickle, but not a torch.save file")
+            if next_pickle(scratch) != _LEGACY_PROTOCOL:
+                raise UnsupportedFormatError(f"{self.label}: unsupported legacy torch.save protocol")
+            sys_info = next_pickle(scratch)
+            if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
+                self._big_endian = True
+            obj = next_pickle(self.storages, trust)
+            keys = next_pickle(scratch)
         if not isinstance(keys, list):
             raise CorruptCheckpointError(f"{self.label}: damaged legacy storage list")
-        pos = self._f.tell()
-        size = self._size()
         for key in keys:
             ref = self.storages.refs.get(str(key))
             if ref is None:
@@ -239,6 +251,20 @@ class TorchSaveFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Whole(contextlib.AbstractContextManager["_Whole"]):
+    """An in-memory archive's bytes, where a file would be memory-mapped."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        f.seek(0)
+        self._data = f.read()
+
+    def __enter__(self) -> Any:
+        return self._data
+
+    def __exit__(self, *exc: object) -> None:
+        self._data = b""
 
 
 def archive_name(path: Path) -> str:

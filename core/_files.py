@@ -1,0 +1,78 @@
+"""Opening the files a checkpoint consists of -- and nothing else.
+
+A checkpoint names its own files (DCP's storage entries, a safetensors index's ``weight_map``). A
+hostile one names ``../other/__0_0.distcp``, ``/etc/passwd`` or a symlink to them, or a FIFO that
+blocks a reader forever. Every such name goes through :func:`open_member`: relative, no ``..``,
+inside the checkpoint directory after symlinks are resolved, a regular file -- checked on the open
+descriptor, which is opened without blocking. :func:`open_regular` does the last part for a path the
+user gave.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from .errors import CorruptCheckpointError, UnsupportedFormatError
+
+__all__ = ["member_path", "open_member", "open_regular", "read_regular"]
+
+
+def open_regular(path: Path, label: str | None = None) -> IO[bytes]:
+    """Open ``path`` for reading if it is a regular file (a FIFO, device or directory is refused
+    at once: the open does not block)."""
+    label = label or str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UnsupportedFormatError(f"{label}: cannot open ({e.strerror or e})") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+            raise UnsupportedFormatError(f"{label}: {kind}; refusing to read it")
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, limit: int, label: str | None = None) -> bytes:
+    """The whole of a regular file of at most ``limit`` bytes."""
+    label = label or str(path)
+    with open_regular(path, label) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise CorruptCheckpointError(f"{label}: {size} bytes, more than the {limit} such a file may hold")
+        return f.read(limit + 1)[:limit]
+
+
+def member_path(root: Path, name: Any, what: str) -> Path:
+    """The file ``name`` (as a checkpoint names it) inside the checkpoint directory ``root``;
+    :class:`CorruptCheckpointError` if it is not a plain relative name that stays inside."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise CorruptCheckpointError(f"{root}: invalid name {str(name)[:80]!r} for a {what}")
+    shown = repr(name[:200])
+    if PurePosixPath(name).is_absolute() or os.path.isabs(name) or ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        raise CorruptCheckpointError(f"{root}: {shown} ({what}) lies outside the checkpoint; refusing to read it")
+    real_root = root.resolve()
+    target = (root / name).resolve()
+    if target != real_root and real_root not in target.parents:
+        raise CorruptCheckpointError(
+            f"{root}: {shown} ({what}) leads outside the checkpoint through a symlink; refusing to read it"
+        )
+    return target
+
+
+def open_member(root: Path, name: Any, what: str) -> IO[bytes]:
+    """Open a file the checkpoint at ``root`` names (see :func:`member_path`), a regular file."""
+    path = member_path(root, name, what)
+    try:
+        return open_regular(path, str(root / name))
+    except UnsupportedFormatError as e:
+        raise CorruptCheckpointError(str(e).replace(": cannot open (", f": cannot open {what} (", 1)) from None
