@@ -13,7 +13,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 
 from dcpstudio.core import Node
-from dcpstudio.core.model import dtype_name
+from dcpstudio.core.model import dtype_name, printable
 from dcpstudio.core.report import human_bytes
 
 __all__ = ["COLUMNS", "NODE_ROLE", "SORT_ROLE", "CheckpointTreeModel", "NameFilterProxy"]
@@ -114,11 +114,11 @@ class CheckpointTreeModel(QAbstractItemModel):
                 return e.numel
             return str(self.data(index, Qt.ItemDataRole.DisplayRole) or "")
         if role == Qt.ItemDataRole.ToolTipRole:
-            return node.path
+            return printable(node.path)
         if role != Qt.ItemDataRole.DisplayRole:
             return None
         if col == 0:
-            return node.name
+            return printable(node.name)
         if col == 4:
             return human_bytes(node.totals.nbytes)
         if e is None:

@@ -36,6 +36,7 @@ from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
 from .inspect import ROOT_KEY, VALUES_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
+from .model import refuse_expanded
 from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
 
@@ -91,7 +92,8 @@ class _Entry:
     value: Any = None
 
 
-def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None) -> list[_Entry]:
+def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, compact: bool) -> list[_Entry]:
+    """The output's entries; ``compact`` when the target keeps views as views (torch.save, no cast)."""
     paths = ckpt.paths()
     out = []
     for fqn, entry in ckpt.entries.items():
@@ -99,6 +101,8 @@ def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None) -> list[_Entry
             continue
         path = paths.get(fqn, (fqn,))
         if entry.kind == "tensor":
+            if not compact:
+                refuse_expanded(entry, str(ckpt.path), "write")
             t = ckpt.tensor_ref(fqn)
             if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
                 t = _cast(t, cast, fqn)
@@ -256,7 +260,7 @@ def convert(
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
     cast = _CASTS[dtype] if dtype else None
     with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
-        plan = _plan(ckpt, keep, cast)
+        plan = _plan(ckpt, keep, cast, compact=target == "torch" and cast is None)
         total = sum(e.tensor.nbytes for e in plan if e.tensor is not None)
         reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(plan))
         reporter.check()

@@ -14,7 +14,7 @@ from typing import Any
 from ._blocks import blocks
 from ._refs import is_tensor
 from .inspect import Checkpoint
-from .model import dtype_name
+from .model import dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
 
 __all__ = ["DiffReport", "ValueMismatch", "diff"]
@@ -149,6 +149,8 @@ def diff(
         if ea.shape != eb.shape:
             report.shape.append((fqn, list(ea.shape or ()), list(eb.shape or ())))
             continue
+        refuse_expanded(ea, str(a.path), "compare")
+        refuse_expanded(eb, str(b.path), "compare")
         found = _compare_tensor(a, b, fqn, rtol, atol, budget, reporter)
         if found is not None:
             report.values.append(found)

@@ -16,6 +16,7 @@ import io
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -215,10 +216,87 @@ def _damaged_metadata(method: Any) -> Any:
 
 
 def _ints(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > 64:
+        raise TypeError(f"expected a short tuple of integers, got {type(value).__name__}")
     out = tuple(value)
-    if not all(type(v) is int for v in out):
-        raise TypeError(f"expected integers, got {out!r}")
+    if not all(type(v) is int and v >= 0 for v in out):
+        raise TypeError("expected non-negative integers")
     return out
+
+
+def _same_metadata(head: Any, full: Any) -> bool:
+    """Whether the whole ``.metadata`` describes the same entries (names, kinds, dtypes, shapes,
+    chunks) and nesting as its head did."""
+    a, b = head.state_dict_metadata, getattr(full, "state_dict_metadata", None)
+    if not isinstance(b, dict) or list(a) != list(b) or head.planner_data != getattr(full, "planner_data", None):
+        return False
+    for fqn, x in a.items():
+        y = b[fqn]
+        if type(x) is not type(y):
+            return False
+        if hasattr(x, "chunks") and (
+            x.properties.dtype is not y.properties.dtype
+            or tuple(x.size) != tuple(y.size)
+            or [(tuple(c.offsets), tuple(c.sizes)) for c in x.chunks]
+            != [(tuple(c.offsets), tuple(c.sizes)) for c in y.chunks]
+        ):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where one DCP item (a tensor chunk's archive or a value's) lies: validated storage info."""
+
+    file: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...] = ()
+
+
+def _stored(info: Any) -> _Stored:
+    file, offset, length = info.relative_path, info.offset, info.length
+    transforms = getattr(info, "transform_descriptors", None) or ()
+    if not isinstance(file, str) or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+        raise TypeError("storage info needs a file name and non-negative offset and length")
+    if not isinstance(transforms, (list, tuple)) or not all(isinstance(t, str) for t in transforms):
+        raise TypeError("storage info has invalid transform descriptors")
+    return _Stored(file, offset, length, tuple(transforms))
+
+
+def _volume(sizes: Sequence[int]) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+def check_tiling(shape: tuple[int, ...], boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], label: str) -> None:
+    """The chunk boxes ``(offsets, sizes)`` cover the tensor exactly: each inside the shape, no two
+    overlapping, and their volumes adding up to its element count (so no gaps either)."""
+    total = 0
+    for offsets, sizes in boxes:
+        if len(offsets) != len(shape) or len(sizes) != len(shape):
+            raise CorruptCheckpointError(f"{label}: a chunk has {len(offsets)} dimensions, the tensor {len(shape)}")
+        if any(o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
+            raise CorruptCheckpointError(
+                f"{label}: chunk at {list(offsets)} of size {list(sizes)} lies outside the tensor {list(shape)}"
+            )
+        total += _volume(sizes)
+    numel = _volume(shape)
+    if total != numel:
+        how = "overlap" if total > numel else "leave gaps"
+        raise CorruptCheckpointError(f"{label}: its chunks {how} (they hold {total} of {numel} elements)")
+    if len(boxes) < 2 or not shape:
+        return
+    live = sorted((b for b in boxes if _volume(b[1])), key=lambda b: b[0][0])
+    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for offsets, sizes in live:  # sweep along dimension 0: compare only boxes whose rows meet
+        active = [b for b in active if b[0][0] + b[1][0] > offsets[0]]
+        for o, s in active:
+            if all(a < c + t and c < a + u for a, u, c, t in zip(offsets, sizes, o, s, strict=True)):
+                raise CorruptCheckpointError(f"{label}: chunks at {list(o)} and {list(offsets)} overlap")
+        active.append((offsets, sizes))
 
 
 class DCPCheckpoint(Checkpoint):
@@ -231,6 +309,7 @@ class DCPCheckpoint(Checkpoint):
         md: Any = None
         if len(data) > _HEAD_ONLY_ABOVE and not trust_pickle:
             md = load_light_metadata_head(data, label)  # storage index parsed on first use
+        self._head_only = md is not None
         if md is None:
             md = load_light_metadata(data, label, trust=trust_pickle)
         sdm = getattr(md, "state_dict_metadata", None)
@@ -252,30 +331,37 @@ class DCPCheckpoint(Checkpoint):
         super().__init__(path, entries, {"version": getattr(md, "version", None)})
         self._md = md
         self._trust = trust_pickle
-        self._index: dict[str, dict[tuple[int, ...], Any]] | None = None
+        self._index: dict[str, dict[tuple[int, ...], _Stored]] | None = None
+        self._chunks: dict[str, list[Chunk]] = {}
         self._files = _OpenFiles(path, "DCP data file")
 
     @_damaged_metadata
-    def _storage(self) -> dict[str, dict[tuple[int, ...], Any]]:
+    def _storage(self) -> dict[str, dict[tuple[int, ...], _Stored]]:
         """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
         opened without its storage index; this parses the whole pickle then (100k tensors: ~1.5 s)."""
         if self._index is None:
+            if self._head_only:  # the whole pickle, now: it must say what its head said
+                full = load_light_metadata(self._data, str(self.path / METADATA_FILE))
+                if not _same_metadata(self._md, full):
+                    raise CorruptCheckpointError(
+                        f"{self.path / METADATA_FILE}: its entries are set twice, differently; refusing an ambiguous "
+                        "checkpoint"
+                    )
+                self._md, self._head_only = full, False
             storage_data = getattr(self._md, "storage_data", None)
-            if storage_data is None:
-                storage_data = getattr(
-                    load_light_metadata(self._data, str(self.path / METADATA_FILE)), "storage_data", None
-                )
             if not isinstance(storage_data, dict):
                 raise CorruptCheckpointError(f"{self.path / METADATA_FILE}: has no storage index")
             self._data = b""
-            index: dict[str, dict[tuple[int, ...], Any]] = {}
+            index: dict[str, dict[tuple[int, ...], _Stored]] = {}
             for key, info in storage_data.items():
-                offset = getattr(key, "offset", None)  # absent for byte items
-                index.setdefault(key.fqn, {})[tuple(offset) if offset is not None else ()] = info
+                fqn, offset = key.fqn, getattr(key, "offset", None)  # no offset for byte items
+                if not isinstance(fqn, str):
+                    raise TypeError("a storage key without a name")
+                index.setdefault(fqn, {})[_ints(offset) if offset is not None else ()] = _stored(info)
             for fqn, entry in self.entries.items():
                 if entry.kind == "bytes":
-                    info = index.get(fqn, {}).get(())
-                    entry.byte_size = int(getattr(info, "length", 0) or 0)
+                    stored = index.get(fqn, {}).get(())
+                    entry.byte_size = stored.length if stored is not None else 0
             self._index = index
         return self._index
 
@@ -296,36 +382,48 @@ class DCPCheckpoint(Checkpoint):
 
     def _descriptors(self, fqn: str, offsets: tuple[int, ...]) -> list[str] | None:
         """Stream transforms (e.g. zstd) applied to a stored item, None when it is stored plain."""
-        descriptors = getattr(self._info(fqn, offsets), "transform_descriptors", None)
-        return list(descriptors) if descriptors else None
+        return list(self._info(fqn, offsets).transforms) or None
 
-    def _info(self, fqn: str, offsets: tuple[int, ...]) -> Any:
+    def _info(self, fqn: str, offsets: tuple[int, ...]) -> _Stored:
         info = self._storage().get(fqn, {}).get(offsets)
         if info is None:
-            raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn} at {list(offsets)}")
+            raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn!r} at {list(offsets)}")
         return info
 
     @_damaged_metadata
     def chunks(self, fqn: str) -> list[Chunk]:
+        """The tensor's chunks, checked to tile it exactly (a value's one stored item)."""
+        found = self._chunks.get(fqn)
+        if found is not None:
+            return found
         entry = self.entry(fqn)
         if entry.kind != "tensor":
             info = self._info(fqn, ())
-            return [Chunk((), (), info.relative_path, info.offset, info.length)]
+            return [Chunk((), (), info.file, info.offset, info.length)]
+        listed = self._md.state_dict_metadata[fqn].chunks
+        if not isinstance(listed, (list, tuple)):
+            raise TypeError("chunks is not a list")
         out = []
-        for c in self._md.state_dict_metadata[fqn].chunks:
+        for c in listed:
             offsets, sizes = _ints(c.offsets), _ints(c.sizes)
             info = self._info(fqn, offsets)
-            out.append(Chunk(offsets, sizes, info.relative_path, info.offset, info.length))
+            out.append(Chunk(offsets, sizes, info.file, info.offset, info.length))
+        check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], f"{self.path} ({fqn!r})")
+        self._chunks[fqn] = out
         return out
 
     def _item_bytes(self, c: Chunk, fqn: str, limit: int) -> tuple[IO[bytes], int, int, str]:
-        """Where a stored item's archive lies: in its data file, or (transformed) decoded in memory."""
-        label = f"{self.path / (c.file or '')} ({fqn})"
+        """Where a stored item's archive lies: in its data file, or (transformed) decoded in memory.
+        Its byte range must lie inside the file."""
+        label = f"{self.path / (c.file or '')} ({fqn!r})"
+        offset, length = c.offset or 0, c.length or 0
+        if offset + length > self._files.size(c.file or ""):
+            raise CorruptCheckpointError(f"{label}: bytes {offset}-{offset + length} lie past the end of the file")
         f = self._files.get(c.file or "")
         descriptors = self._descriptors(fqn, c.offsets)
         if not descriptors:
-            return f, c.offset or 0, c.length or 0, label
-        raw = decode_item(descriptors, bytes(_read(f, c.offset or 0, c.length or 0, label)), label, limit)
+            return f, offset, length, label
+        raw = decode_item(descriptors, bytes(_read(f, offset, length, label)), label, limit)
         return io.BytesIO(raw), 0, len(raw), label
 
     @_damaged_metadata
@@ -480,6 +578,7 @@ class TorchCheckpoint(Checkpoint):
                     storage=key,
                     storage_offset=value.storage_offset,
                     stride=value.stride,
+                    stored=value.storage.nbytes if value.storage is not None else 0,
                 )
                 if key is not None:
                     by_storage.setdefault(key, []).append(fqn)

@@ -58,6 +58,7 @@ class Entry:
     stride: tuple[int, ...] | None = None
     shared_with: tuple[str, ...] = ()
     value: Any = None  # torch.save: the non-tensor value itself (already loaded with the pickle)
+    stored: int | None = None  # bytes stored for a tensor when it is a view of fewer (torch.save)
 
     @property
     def numel(self) -> int:
@@ -71,6 +72,86 @@ class Entry:
         if self.kind == "tensor" and self.dtype is not None:
             return self.numel * self.dtype.itemsize
         return self.byte_size
+
+
+EXPANDED_FLOOR = 64 << 20  # views this large may be written out...
+EXPANDED_RATIO = 16  # ...unless they hold this many times the bytes they view
+
+
+def expanded(entry: Entry) -> bool:
+    """A view that repeats its stored bytes (stride 0, ``expand``) so much that writing or comparing
+    its elements one by one would turn a small file into a huge output or a very long job."""
+    return entry.stored is not None and entry.nbytes > max(EXPANDED_FLOOR, EXPANDED_RATIO * entry.stored)
+
+
+def refuse_expanded(entry: Entry, label: str, doing: str) -> None:
+    if expanded(entry):
+        from .errors import UnsupportedFormatError
+
+        raise UnsupportedFormatError(
+            f"{label}: {entry.fqn!r} is an expanded view: {entry.numel} elements ({entry.nbytes} bytes) over "
+            f"{entry.stored} stored bytes; refusing to {doing} it element by element (a torch.save target keeps it "
+            "compact; or leave it out with --exclude)"
+        )
+
+
+_CONTROL = {i: f"\\x{i:02x}" for i in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped: a name from a checkpoint cannot move the
+    cursor, recolour or rewrite a terminal (or a label)."""
+    out = text.translate(_CONTROL)
+    return out if out.isprintable() else "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in out)
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """A bounded ``repr``: never builds the full text of a huge value (a 256 MiB bytes object)."""
+    out: list[str] = []
+    size = 0
+
+    def emit(text: str) -> bool:
+        nonlocal size
+        out.append(text)
+        size += len(text)
+        return size < limit
+
+    def walk(v: Any, depth: int) -> bool:
+        if isinstance(v, (bytes, bytearray)):
+            return emit(repr(bytes(v[:40])) + (f"...<{len(v)} bytes>" if len(v) > 40 else ""))
+        if isinstance(v, str):
+            return emit(repr(v[:limit]) + ("..." if len(v) > limit else ""))
+        if isinstance(v, (list, tuple, set, frozenset, dict)):
+            if depth > 4:
+                return emit("...")
+            opener, closer = {list: ("[", "]"), tuple: ("(", ")"), frozenset: ("frozenset({", "})")}.get(
+                type(v), ("{", "}")
+            )
+            if not emit(opener):
+                return False
+            items = list(v.items())[:20] if isinstance(v, dict) else list(v)[:20]
+            for i, item in enumerate(items):
+                if i and not emit(", "):
+                    return False
+                if isinstance(v, dict):
+                    if not (walk(item[0], depth + 1) and emit(": ") and walk(item[1], depth + 1)):
+                        return False
+                elif not walk(item, depth + 1):
+                    return False
+            if len(v) > len(items):
+                emit(f", ...<{len(v)} items>")
+            if isinstance(v, tuple) and len(v) == 1:
+                emit(",")
+            return emit(closer)
+        try:
+            text = repr(v)
+        except Exception:
+            text = f"<{type(v).__name__}>"
+        return emit(text[:limit])
+
+    walk(value, 0)
+    text = "".join(out)
+    return printable(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any
 
 from .diff import DiffReport
 from .inspect import Checkpoint
-from .model import Chunk, Node, dtype_name
+from .model import Chunk, Node, dtype_name, printable, short_repr
 
 __all__ = ["checkpoint_json", "checkpoint_text", "diff_json", "diff_text", "human_bytes"]
 
@@ -92,8 +92,7 @@ def _describe(ckpt: Checkpoint, node: Node) -> str:
             text += f" (shares storage with {', '.join(e.shared_with)})"
         return text
     if e.kind == "object":
-        value = repr(e.value)
-        return f"= {value if len(value) <= 60 else value[:57] + '...'}"
+        return f"= {short_repr(e.value, 60)}"
     return f"(pickled value, {human_bytes(e.nbytes)})"
 
 
@@ -109,10 +108,10 @@ def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
             desc = _describe(ckpt, child)
             suffix = "" if child.entry is not None and not child.children else "/"
             pad = "  " * depth
-            lines.append(f"{pad}{child.name}{suffix}  {desc}".rstrip())
+            lines.append(f"{pad}{printable(child.name)}{suffix}  {desc}".rstrip())
             if chunks and child.entry is not None:
                 for c in ckpt.resolve_chunks(child.entry.fqn):
-                    where = f"{c.file} @ {c.offset} +{c.length}"
+                    where = f"{printable(str(c.file))} @ {c.offset} +{c.length}"
                     if c.data_offset is not None and c.data_offset != c.offset:
                         where += f" (data @ {c.data_offset})"
                     lines.append(f"{pad}    chunk offsets={list(c.offsets)} sizes={list(c.sizes)} {where}")
@@ -122,7 +121,9 @@ def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
     lines.append("totals by dtype:")
     lines += [f"  {k:<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_dtype().items()]
     lines.append("totals by prefix:")
-    lines += [f"  {k:<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_prefix().items()]
+    lines += [
+        f"  {printable(k):<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_prefix().items()
+    ]
     return "\n".join(lines)
 
 
@@ -150,14 +151,15 @@ def diff_text(report: DiffReport) -> str:
     if report.equal:
         return f"equal: {report.compared} entries compared"
     lines = [f"different ({report.compared} entries compared):"]
-    lines += [f"  only in A: {f}" for f in report.only_a]
-    lines += [f"  only in B: {f}" for f in report.only_b]
-    lines += [f"  kind differs: {f}: {x} vs {y}" for f, x, y in report.kind]
-    lines += [f"  dtype differs: {f}: {x} vs {y}" for f, x, y in report.dtype]
-    lines += [f"  shape differs: {f}: {x} vs {y}" for f, x, y in report.shape]
+    lines += [f"  only in A: {printable(f)}" for f in report.only_a]
+    lines += [f"  only in B: {printable(f)}" for f in report.only_b]
+    lines += [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind]
+    lines += [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype]
+    lines += [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape]
     lines += [
-        f"  values differ: {v.fqn}: {v.mismatched}/{v.count} elements, max abs {v.max_abs:.6g}, max rel {v.max_rel:.6g}"
+        f"  values differ: {printable(v.fqn)}: {v.mismatched}/{v.count} elements, "
+        f"max abs {v.max_abs:.6g}, max rel {v.max_rel:.6g}"
         for v in report.values
     ]
-    lines += [f"  value differs: {f}" for f in report.objects]
+    lines += [f"  value differs: {printable(f)}" for f in report.objects]
     return "\n".join(lines)

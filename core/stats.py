@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ._blocks import blocks
 from .inspect import Checkpoint
-from .model import dtype_name
+from .model import dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def tensor_stats(
     entry = ckpt.entry(fqn)
     if entry.kind != "tensor" or entry.dtype is None:
         raise ValueError(f"{fqn} is not a tensor")
+    refuse_expanded(entry, str(ckpt.path), "summarise")
     passes = 2 if bins > 0 else 1
     reporter = Reporter(progress, cancel, total_bytes=entry.nbytes * passes, total_items=1)
     n = finite = nan = posinf = neginf = zeros = 0

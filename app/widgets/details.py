@@ -4,9 +4,11 @@ histogram, which the window computes in a worker and hands over with :meth:`show
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
@@ -21,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats
-from dcpstudio.core.model import dtype_name
+from dcpstudio.core.model import dtype_name, printable, short_repr
 from dcpstudio.core.report import human_bytes
 
 from .drawing import ChunkDrawing, Histogram
@@ -66,6 +68,7 @@ class DetailsPanel(QStackedWidget):
         self.prop_labels: dict[str, QLabel] = {}
         for key in ("Name", "Kind", "Dtype", "Shape", "Elements", "Size", "Storage", "Shared with", "Value"):
             label = QLabel()
+            label.setTextFormat(Qt.TextFormat.PlainText)  # names and values come from the file: never markup
             label.setWordWrap(True)
             label.setTextInteractionFlags(
                 label.textInteractionFlags() | label.textInteractionFlags().TextSelectableByMouse
@@ -110,11 +113,14 @@ class DetailsPanel(QStackedWidget):
             return
         tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
         self.summary_title.setText(
-            f"<b>{ckpt.path.name}</b> — {ckpt.format}, {tensors} tensors, "
+            f"<b>{html.escape(printable(ckpt.path.name))}</b> — {ckpt.format}, {tensors} tensors, "
             f"{len(ckpt.entries) - tensors} other values, {human_bytes(ckpt.tensor_bytes)}"
         )
         _fill(self.by_dtype, [[k, t.count, human_bytes(t.nbytes)] for k, t in ckpt.totals_by_dtype().items()])
-        _fill(self.by_prefix, [[k, t.count, human_bytes(t.nbytes)] for k, t in ckpt.totals_by_prefix().items()])
+        _fill(
+            self.by_prefix,
+            [[printable(k), t.count, human_bytes(t.nbytes)] for k, t in ckpt.totals_by_prefix().items()],
+        )
 
     def show_node(self, ckpt: Checkpoint, node: Node, chunks: list[Chunk]) -> None:
         """Properties and chunk layout (cheap, from the model); values follow via show_preview."""
@@ -122,7 +128,7 @@ class DetailsPanel(QStackedWidget):
         self.setCurrentIndex(1)
         self.current = node.path
         values = {k: "" for k in self.prop_labels}
-        values["Name"] = node.path or node.name
+        values["Name"] = printable(node.path or node.name)
         values["Size"] = human_bytes(node.totals.nbytes)
         if e is None:
             values["Kind"] = f"group of {node.totals.count} entries"
@@ -133,10 +139,9 @@ class DetailsPanel(QStackedWidget):
             values["Elements"] = f"{e.numel:,}" if e.kind == "tensor" else ""
             if e.storage is not None:
                 values["Storage"] = f"record data/{e.storage}, offset {e.storage_offset}, stride {list(e.stride or ())}"
-            values["Shared with"] = ", ".join(e.shared_with)
+            values["Shared with"] = printable(", ".join(e.shared_with))
             if e.kind == "object":
-                text = repr(e.value)
-                values["Value"] = text if len(text) < 400 else text[:397] + "..."
+                values["Value"] = short_repr(e.value, 400)
         for key, label in self.prop_labels.items():
             label.setText(values[key])
         _fill(
@@ -163,7 +168,7 @@ class DetailsPanel(QStackedWidget):
         else:
             self.preview.setColumnCount(1)
             self.preview.setHorizontalHeaderLabels(["value"])
-            _fill(self.preview, [[repr(values)[:500]]])
+            _fill(self.preview, [[short_repr(values, 500)]])
         if stats is None:
             self.stats_label.setText("")
             return

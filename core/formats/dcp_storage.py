@@ -28,7 +28,7 @@ import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -48,11 +48,12 @@ from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metada
 from .._pipeline import prefetch
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
-from ._zip import FileView
-from .dcp import METADATA_FILE, METADATA_LIMIT, open_chunk
+from .dcp import METADATA_FILE, METADATA_LIMIT, decode_item, open_chunk
 from .torchsave import write_tensor_archive
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "unwrap_error"]
+
+_VALUE_LIMIT = 256 << 20  # a compressed non-tensor value never decompresses to more
 
 
 def unwrap_error(error: BaseException) -> BaseException:
@@ -135,6 +136,24 @@ class DCPReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
+    def _decoded_limit(self, item: ReadItem) -> int:
+        """The most a compressed item may decompress to: its chunk's bytes (plus the archive around
+        them) for a tensor, 256 MiB for a value."""
+        md = getattr(self, "_metadata", None)
+        smd = md.state_dict_metadata.get(item.storage_index.fqn) if md is not None else None
+        if isinstance(smd, TensorStorageMetadata):
+            for chunk in smd.chunks:
+                if list(chunk.offsets) == list(item.storage_index.offset or ()):
+                    n = smd.properties.dtype.itemsize
+                    for s in chunk.sizes:
+                        n *= s
+                    return n + (1 << 20)
+        return _VALUE_LIMIT
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata
+
     def _info(self, item: ReadItem) -> _StorageInfo:
         info = self.storage_data.get(item.storage_index)
         if info is None:
@@ -143,15 +162,19 @@ class DCPReader(FileSystemReader):
 
     def _read_item(self, f: IO[bytes], path: Path, item: ReadItem, planner: LoadPlanner) -> None:
         info = self._info(item)
-        label = f"{path} ({item.storage_index.fqn} at byte {info.offset})"
+        label = f"{path} ({item.storage_index.fqn!r} at byte {info.offset})"
         source: IO[bytes] = f
         offset, length = info.offset, info.length
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise CorruptCheckpointError(f"{label}: invalid storage range")
+        if offset + length > os.fstat(f.fileno()).st_size:
+            raise CorruptCheckpointError(f"{label}: bytes {offset}-{offset + length} lie past the end of the file")
         descriptors = getattr(info, "transform_descriptors", None)
         if descriptors:
-            view = FileView(f, offset, length)
-            stream = self.transforms.transform_load_stream(item, descriptors, cast(IO[bytes], view))
-            source, offset = io.BytesIO(stream.read()), 0
-            length = len(cast(io.BytesIO, source).getbuffer())
+            raw = bytearray(length)
+            read_exact(f, offset, memoryview(raw), label)
+            decoded = decode_item(descriptors, bytes(raw), label, self._decoded_limit(item))
+            source, offset, length = io.BytesIO(decoded), 0, len(decoded)
         if item.type == LoadItemType.BYTE_IO:
             raw = bytearray(length)
             read_exact(source, offset, memoryview(raw), label)
@@ -165,6 +188,15 @@ class DCPReader(FileSystemReader):
                 f"{label}: request {list(item.lengths)} does not fit target {list(target.size())}"
             )
         src = chunk.tensor
+        if len(item.storage_offsets) != len(src.shape) or any(
+            o + n > s for o, n, s in zip(item.storage_offsets, item.lengths, src.shape, strict=True)
+        ):
+            raise CorruptCheckpointError(
+                f"{label}: the stored chunk holds {list(src.shape)}; the metadata asks for {list(item.lengths)} "
+                f"at {list(item.storage_offsets)}"
+            )
+        if src.dtype != target.dtype:
+            raise CorruptCheckpointError(f"{label}: the stored chunk is {src.dtype}, the metadata says {target.dtype}")
         span = None
         if (
             chunk.stored
