@@ -8,8 +8,11 @@ line (``dcpstudio: error: ...``) and exit non-zero; set ``DCPSTUDIO_DEBUG=1`` fo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -298,6 +301,32 @@ def _show_warning(message: Any, category: Any, filename: str, lineno: int, file:
     print(f"dcpstudio: warning: {message}", file=sys.stderr)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every temporary output is removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def _catch_termination() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), _on_signal)
+
+
+def _error(text: object) -> None:
+    from dcpstudio.core.model import printable
+
+    lines = str(text).splitlines() or [""]
+    print(f"dcpstudio: error: {printable(lines[0])}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -315,32 +344,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 
+    debug = bool(os.environ.get("DCPSTUDIO_DEBUG"))
+    failed = EXIT_USAGE if args.command == "verify" else EXIT_ERROR  # 1 means "different" for verify
     try:
         if args.command is None or args.command == "open":
             from dcpstudio.app.main import run
 
             return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
+        _catch_termination()
         return commands[args.command](args)
     except CancelledError:
         print("dcpstudio: cancelled; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED
+    except Terminated as e:
+        print(f"\ndcpstudio: terminated ({signal.Signals(e.signum).name}); nothing was written", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("\ndcpstudio: interrupted; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED
+    except BrokenPipeError:  # the reader went away (| head): end quietly, like other tools
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (DCPStudioError, ValueError, KeyError) as e:
-        if os.environ.get("DCPSTUDIO_DEBUG"):
+        if debug:
             raise
-        text = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"dcpstudio: error: {text}", file=sys.stderr)
-        if args.command == "verify":  # 1 means "different" there
-            return EXIT_USAGE
-        return EXIT_USAGE if isinstance(e, ValueError) else EXIT_ERROR
+        _error(e.args[0] if isinstance(e, KeyError) and e.args else e)
+        return EXIT_USAGE if isinstance(e, ValueError) and args.command != "verify" else failed
+    except RecursionError:
+        if debug:
+            raise
+        _error("the checkpoint nests its values too deeply to be read")
+        return failed
+    except MemoryError:
+        if debug:
+            raise
+        _error("not enough memory for this checkpoint")
+        return failed
     except Exception as e:
-        if os.environ.get("DCPSTUDIO_DEBUG"):
+        if debug:
             raise
         first = str(e).splitlines()[0] if str(e) else ""
-        print(
-            f"dcpstudio: error: unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE if args.command == "verify" else EXIT_ERROR
+        _error(f"unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)")
+        return failed

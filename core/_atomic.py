@@ -3,16 +3,20 @@
 The temporary is a hidden sibling directory ``.NAME.dcpstudio-tmp-PID-RANDOM`` holding the payload
 under its final name (so a torch.save archive gets the archive name torch would give it). On any
 exception -- including :class:`~.errors.CancelledError` -- the temporary is removed and the
-destination is untouched. Temporaries left by a killed process are recognised by their dead PID and
-removed by the next run that writes to the same destination.
+destination is untouched. The writer holds an exclusive ``flock`` on a lock file inside its
+temporary for as long as it writes: a temporary whose lock can be taken was left by a process that
+died, and the next run that writes to the same destination removes it (PIDs would not do: another
+PID namespace, a container, can reuse them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,26 +27,37 @@ __all__ = ["atomic_output", "fsync_tree"]
 _TAG = ".dcpstudio-tmp-"
 
 
-def _pid_alive(pid: int) -> bool:
+_LOCK = ".dcpstudio.lock"
+_UNLOCKED_GRACE = 60.0  # seconds a temporary may exist before its writer has locked it
+
+
+def _abandoned(tmp: Path) -> bool:
+    """Whether no process writes into the temporary ``tmp`` any more (its lock can be taken)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(tmp / _LOCK, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        try:  # no lock yet: a writer that is just starting, or one from before locks were used
+            return time.time() - tmp.lstat().st_mtime > _UNLOCKED_GRACE
+        except OSError:
+            return False
+    except OSError:
         return False
-    except PermissionError:
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a live writer
+    finally:
+        os.close(fd)
     return True
 
 
 def clean_stale_temporaries(dst: Path) -> list[Path]:
-    """Remove temporaries for ``dst`` whose writing process no longer exists."""
+    """Remove temporaries for ``dst`` that no live process holds."""
     removed = []
     prefix = f".{dst.name}{_TAG}"
     with contextlib.suppress(OSError):
         for entry in dst.parent.iterdir():
-            if not entry.name.startswith(prefix):
-                continue
-            pid_text = entry.name[len(prefix) :].split("-", 1)[0]
-            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if entry.name.startswith(prefix) and entry.is_dir() and not entry.is_symlink() and _abandoned(entry):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
@@ -96,8 +111,11 @@ def atomic_output(dst: str | os.PathLike[str], *, overwrite: bool = False) -> It
     tmp_dir = parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp_dir.mkdir()
+        lock = os.open(tmp_dir / _LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
     except OSError as e:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
         raise DCPStudioError(f"cannot write {dst}: {e.strerror or e}") from e
+    fcntl.flock(lock, fcntl.LOCK_EX)
     payload = tmp_dir / dst.name
     try:
         yield payload
@@ -119,3 +137,4 @@ def atomic_output(dst: str | os.PathLike[str], *, overwrite: bool = False) -> It
         _fsync_dir(parent)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        os.close(lock)

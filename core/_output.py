@@ -21,7 +21,7 @@ from ._io import FileRange
 from ._pipeline import prefetch
 from ._refs import StorageRef, TensorRef
 from ._tensor_io import Payload, tensor_bytes
-from .errors import DCPStudioError
+from .errors import DCPStudioError, DestinationExistsError
 from .formats.dcp import DCPItem, write_dcp
 from .formats.safetensors import SafetensorsWriter
 from .formats.torchsave import TorchSaveWriter, archive_name
@@ -32,6 +32,7 @@ __all__ = [
     "TRUST_WARNING",
     "ConversionResult",
     "check_paths",
+    "check_replaceable",
     "io_error",
     "storage_payload",
     "write_dcp_output",
@@ -57,10 +58,38 @@ class ConversionResult:
     notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
 
 
+_KINDS = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
+
+
 def check_paths(src: Path, dst: Path) -> None:
+    """The destination is neither the source, nor inside it, nor a folder that holds it."""
     s, d = src.resolve(), dst.resolve()
     if s == d or s in d.parents:
         raise DCPStudioError(f"destination {dst} is the source or inside it; choose another path")
+    if d in s.parents:
+        raise DCPStudioError(f"destination {dst} contains the source {src}; choose another path")
+
+
+def check_replaceable(dst: Path, target: Target, overwrite: bool) -> None:
+    """An existing destination is replaced only with ``overwrite``, and only when it is a checkpoint
+    of the target's kind (or an empty folder): never an arbitrary file or folder."""
+    if not (dst.exists() or dst.is_symlink()):
+        return
+    if not overwrite:
+        raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
+    if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
+        return
+    from .formats.detect import detect_format
+
+    try:
+        found = detect_format(dst)
+    except DCPStudioError:
+        found = None
+    if found != target:
+        what = _KINDS[found] if found else "not a checkpoint"
+        raise DCPStudioError(
+            f"refusing to replace {dst}: it is {what}, not {_KINDS[target]}; remove it yourself or choose another path"
+        )
 
 
 def io_error(dst: Path, e: OSError) -> DCPStudioError:

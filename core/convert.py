@@ -24,6 +24,7 @@ from ._output import (
     ConversionResult,
     Target,
     check_paths,
+    check_replaceable,
     write_dcp_output,
     write_safetensors_output,
     write_torch_save_output,
@@ -255,6 +256,7 @@ def convert(
     if shard_limit is not None and shard_limit <= 0:
         raise ValueError("max_shard_size must be positive")
     check_paths(src_p, dst_p)
+    check_replaceable(dst_p, target, overwrite)
     keep = NameFilter(include, exclude)
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)

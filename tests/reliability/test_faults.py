@@ -45,6 +45,22 @@ def _worker(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _existing(tmp_path: Path, target: str) -> tuple[Path, dict[str, bytes]]:
+    """A small checkpoint of the target's kind at ``tmp_path / "existing"`` (only those may be
+    replaced), and its bytes, to check it survives."""
+    tiny = tmp_path / "tiny.pt"
+    torch.save({"precious": torch.arange(7)}, tiny)
+    existing = tmp_path / "existing"
+    convert(tiny, existing, to=target)  # type: ignore[arg-type]
+    tiny.unlink()
+    return existing, _snapshot(existing)
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): p.read_bytes() for p in files}
+
+
 def _complete(path: Path, target: str) -> bool:
     with open_checkpoint(path) as ckpt:
         return ckpt.format == target and len(ckpt.entries) > 100
@@ -58,14 +74,14 @@ def test_disk_full_at_every_stage(sources: dict[str, Path], tmp_path: Path, dire
     largest = max(p.stat().st_size for p in ([ref] if ref.is_file() else ref.rglob("*")) if p.is_file())
     # the last point fails within the final 0.1% (output sizes vary slightly with the destination's name)
     limits = [0, 64, 4096, largest // 100, largest // 2, largest * 9 // 10, largest * 999 // 1000]
-    (tmp_path / "existing").write_bytes(b"precious")
+    existing, before = _existing(tmp_path, target)
     out = _worker("fsize", str(sources[src_kind]), target, str(tmp_path), *map(str, limits))
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(results) == 2 * len(limits)
     for r in results:  # a write past the limit fails with EFBIG, as on a full disk
         assert r["outcome"] == "domain-error" and "File too large" in r["message"], r
         assert not (tmp_path / f"out_{r['limit']}").exists()
-    assert (tmp_path / "existing").read_bytes() == b"precious" and leftovers(tmp_path) == []
+    assert _snapshot(existing) == before and leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("direction", list(TARGETS))
@@ -96,8 +112,7 @@ def test_sigkill_mid_write_then_the_next_run_cleans_up(
 def test_cancel_at_random_points(sources: dict[str, Path], tmp_path: Path, direction: str) -> None:
     src_kind, target = TARGETS[direction]
     rng = random.Random(7)
-    existing = tmp_path / "existing"
-    existing.write_bytes(b"precious")
+    existing, before = _existing(tmp_path, target)
     for point in sorted(rng.sample(range(0, 110), 10)):
         token = CancelToken()
         calls = [0]
@@ -112,7 +127,7 @@ def test_cancel_at_random_points(sources: dict[str, Path], tmp_path: Path, direc
             with pytest.raises(CancelledError):
                 convert(sources[src_kind], dst, to=target, progress=progress, cancel=token, overwrite=overwrite)  # type: ignore[arg-type]
             assert leftovers(tmp_path) == []
-        assert not (tmp_path / "out").exists() and existing.read_bytes() == b"precious"
+        assert not (tmp_path / "out").exists() and _snapshot(existing) == before
 
 
 def test_launcher_with_a_port_already_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
