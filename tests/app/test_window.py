@@ -90,13 +90,16 @@ def test_existing_destination_asks_before_replacing(
     qtbot: Any, window: MainWindow, rich_pt: Path, tmp_path: Path
 ) -> None:
     open_by_drop(qtbot, window, rich_pt)
+    from safetensors.torch import save_file
+
     dst = tmp_path / "out.safetensors"
-    dst.write_bytes(b"precious")
+    save_file({"precious": torch.ones(3)}, dst)
+    before = dst.read_bytes()
     window.choose_destination = lambda target, src: dst  # type: ignore[method-assign]
     asked: list[str] = []
     window.confirm = lambda text: asked.append(text) or False  # type: ignore[method-assign]
     qtbot.mouseClick(window.panel.buttons["safetensors"], Qt.MouseButton.LeftButton)
-    assert asked and dst.read_bytes() == b"precious" and "convert" not in window.jobs
+    assert asked and dst.read_bytes() == before and "convert" not in window.jobs
     window.confirm = lambda text: True  # type: ignore[method-assign]
     qtbot.mouseClick(window.panel.buttons["safetensors"], Qt.MouseButton.LeftButton)
     finish(qtbot, window, "convert")

@@ -103,17 +103,37 @@ def test_existing_destination_is_never_overwritten_silently(rich_pt: Path, tmp_p
         torch_save_to_dcp(rich_pt, dst_dir)
     assert (dst_dir / "keep.txt").read_text() == "precious"
 
-    torch_save_to_dcp(rich_pt, dst_dir, overwrite=True)
-    assert not (dst_dir / "keep.txt").exists() and (dst_dir / ".metadata").is_file()
+    # --overwrite replaces a checkpoint of the target's kind, never an arbitrary folder or file
+    with pytest.raises(DCPStudioError, match=r"refusing to replace .* not a checkpoint, not a DCP checkpoint"):
+        torch_save_to_dcp(rich_pt, dst_dir, overwrite=True)
+    assert (dst_dir / "keep.txt").read_text() == "precious"
+    (dst_dir / "keep.txt").unlink()
+    torch_save_to_dcp(rich_pt, dst_dir, overwrite=True)  # an empty folder may be written into
+    torch_save_to_dcp(rich_pt, dst_dir, overwrite=True, exclude="^optim")  # and a DCP checkpoint replaced
+    assert (dst_dir / ".metadata").is_file()
 
     dst_file = tmp_path / "out.pt"
     dst_file.write_bytes(b"precious")
     with pytest.raises(DestinationExistsError):
         dcp_to_torch_save(dst_dir, dst_file)
+    with pytest.raises(DCPStudioError, match=r"not a torch\.save file"):
+        dcp_to_torch_save(dst_dir, dst_file, overwrite=True)
     assert dst_file.read_bytes() == b"precious"
-    dcp_to_torch_save(dst_dir, dst_file, overwrite=True)
+    torch_save_to_dcp(rich_pt, tmp_path / "d0")
+    with pytest.raises(DCPStudioError, match=r"it is a DCP checkpoint, not a torch\.save file"):
+        dcp_to_torch_save(dst_dir, tmp_path / "d0", overwrite=True)
+    dst_file.unlink()
+    dcp_to_torch_save(tmp_path / "d0", dst_file)
+    dcp_to_torch_save(tmp_path / "d0", dst_file, overwrite=True)
     assert_same(rich_state_dict(), torch.load(dst_file, weights_only=True))
     assert leftovers(tmp_path) == []
+
+
+def test_destination_that_contains_the_source_is_refused(rich_pt: Path, tmp_path: Path) -> None:
+    """``convert work/model.pt work --overwrite`` must not delete the folder holding the source."""
+    with pytest.raises(DCPStudioError, match="contains the source"):
+        torch_save_to_dcp(rich_pt, rich_pt.parent, overwrite=True)
+    assert rich_pt.is_file()
 
 
 @pytest.mark.parametrize("direction", ["to_dcp", "to_torch"])
@@ -142,13 +162,14 @@ def test_cancel_midway_leaves_nothing(tmp_path: Path, direction: str, after: int
 
 def test_cancel_keeps_existing_destination(rich_pt: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out.pt"
-    dst.write_bytes(b"previous")
+    torch.save({"previous": torch.ones(2)}, dst)
+    before = dst.read_bytes()
     torch_save_to_dcp(rich_pt, tmp_path / "d")
     token = CancelToken()
     token.cancel()
     with pytest.raises(CancelledError):
         dcp_to_torch_save(tmp_path / "d", dst, overwrite=True, cancel=token)
-    assert dst.read_bytes() == b"previous"
+    assert dst.read_bytes() == before
 
 
 def test_include_exclude(rich_pt: Path, tmp_path: Path) -> None:
@@ -184,10 +205,28 @@ def test_non_dict_torch_save_is_explained(tmp_path: Path) -> None:
 
 
 def test_stale_temporaries_of_killed_runs_are_cleaned(rich_pt: Path, tmp_path: Path) -> None:
-    stale = tmp_path / ".out.dcpstudio-tmp-999999999-abcd1234"
+    """A temporary is stale when nobody holds its lock -- whatever its PID says (PIDs repeat across
+    namespaces); one whose lock is held by a live writer is left alone."""
+    import fcntl
+    import os
+
+    stale = tmp_path / f".out.dcpstudio-tmp-{os.getpid()}-abcd1234"  # a live PID, yet abandoned
     (stale / "out").mkdir(parents=True)
-    torch_save_to_dcp(rich_pt, tmp_path / "out")
-    assert not stale.exists() and leftovers(tmp_path) == []
+    (stale / ".dcpstudio.lock").touch()
+    unlocked_old = tmp_path / ".out.dcpstudio-tmp-12-00000000"  # from before locks: judged by age
+    unlocked_old.mkdir()
+    os.utime(unlocked_old, (0, 0))
+    live = tmp_path / ".out.dcpstudio-tmp-999999999-ffffffff"
+    live.mkdir()
+    fd = os.open(live / ".dcpstudio.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        torch_save_to_dcp(rich_pt, tmp_path / "out")
+        assert not stale.exists() and not unlocked_old.exists() and live.exists()
+    finally:
+        os.close(fd)
+    torch_save_to_dcp(rich_pt, tmp_path / "out", overwrite=True)
+    assert leftovers(tmp_path) == []
 
 
 def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
