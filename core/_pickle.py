@@ -190,14 +190,18 @@ _MAX_ENCODED = 1 << 30
 def _encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
     """``_codecs.encode``, as protocol-2 pickles use it for ``bytes`` (latin-1 only)."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "iso-8859-1") or errors != "strict":
-        raise CorruptCheckpointError(f"unexpected encode({type(text).__name__}, {encoding!r}) in pickle")
+        raise CorruptCheckpointError(
+            f"its pickle encodes {type(text).__name__} with {str(encoding)[:20]!r}; only text to latin-1 is allowed"
+        )
     return text.encode("latin1")
 
 
 def _bytearray(source: Any = b"") -> bytearray:
     """``bytearray``, as pickles use it: from bytes only (``bytearray(2**28)`` would allocate them)."""
     if not isinstance(source, (bytes, bytearray)):
-        raise CorruptCheckpointError(f"unexpected bytearray({type(source).__name__}) in pickle")
+        raise CorruptCheckpointError(
+            f"its pickle builds bytearray({type(source).__name__}); only a copy of bytes is allowed"
+        )
     return bytearray(source)
 
 
@@ -263,7 +267,7 @@ class LazyStorages:
 
     def persistent_load(self, saved_id: Any) -> StorageRef:
         if not isinstance(saved_id, tuple) or len(saved_id) not in (5, 6):
-            raise CorruptCheckpointError(f"unexpected persistent id {str(saved_id)[:80]}")
+            raise CorruptCheckpointError(f"invalid persistent id {str(saved_id)[:80]!r}")
         typename = saved_id[0].decode("ascii", "replace") if isinstance(saved_id[0], bytes) else saved_id[0]
         if typename != "storage":
             raise CorruptCheckpointError(f"unknown persistent id type {str(typename)[:40]!r}")
@@ -319,7 +323,7 @@ class _Restricted(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if self._storages is None:
-            raise CorruptCheckpointError("unexpected persistent id in a pickle that has no storages")
+            raise CorruptCheckpointError("a persistent id in a pickle that has no storages")
         return self._storages.persistent_load(pid)
 
 

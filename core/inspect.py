@@ -435,6 +435,7 @@ class DCPCheckpoint(Checkpoint):
                 continue
             f, offset, length, label = self._item_bytes(c, fqn, 0)
             parsed = open_chunk(f, offset, length, label)
+            _check_stored(parsed.tensor, self.entries[fqn], c, label)
             out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
         return out
 
@@ -449,7 +450,9 @@ class DCPCheckpoint(Checkpoint):
         if self._descriptors(fqn, c.offsets):
             return None
         f, offset, length, label = self._item_bytes(c, fqn, 0)
-        return open_chunk(f, offset, length, label).file_range(f.fileno(), entry.dtype, entry.shape or ())
+        parsed = open_chunk(f, offset, length, label)
+        _check_stored(parsed.tensor, entry, c, label)
+        return parsed.file_range(f.fileno(), entry.dtype, entry.shape or ())
 
     @_damaged_metadata
     def storage_bytes(self, ref: StorageRef) -> memoryview:
@@ -471,10 +474,7 @@ class DCPCheckpoint(Checkpoint):
             f, offset, length, label = self._item_bytes(c, fqn, entry.nbytes + (1 << 20))
             parsed = open_chunk(f, offset, length, label)
             t, raw = parsed.tensor, parsed.raw_offset()
-            if t.dtype is not entry.dtype or t.shape != c.sizes:
-                raise CorruptCheckpointError(
-                    f"{label}: chunk holds {t.dtype} {list(t.shape)}; the metadata says {list(c.sizes)}"
-                )
+            _check_stored(t, entry, c, label)
             if raw is None:
                 return to_bytes(self.read_tensor(fqn))
             start = (c.offsets[0] if c.offsets else 0) * row_bytes
@@ -534,6 +534,14 @@ class DCPCheckpoint(Checkpoint):
 
     def close(self) -> None:
         self._files.close()
+
+
+def _check_stored(t: TensorRef, entry: Entry, c: Chunk, label: str) -> None:
+    """A stored chunk holds what the metadata says it holds."""
+    if t.dtype is not entry.dtype or t.shape != c.sizes:
+        raise CorruptCheckpointError(
+            f"{label}: the chunk stores {t.dtype} {list(t.shape)}; the metadata says {entry.dtype} {list(c.sizes)}"
+        )
 
 
 def _row_slabs(chunks: list[Chunk], shape: tuple[int, ...]) -> list[Chunk] | None:
