@@ -54,7 +54,7 @@ class Notifier(QObject):
             text = f"Not a checkpoint: {text}"
         elif isinstance(exc, DestinationExistsError):
             text = f"Not written: {text}"
-        elif isinstance(exc, MemoryError):
+        elif isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "allocate" in str(exc)):
             text = "Not enough memory for this operation; close other programs or pick a smaller tensor."
         elif not isinstance(exc, (OSError, ValueError)) and type(exc).__module__.split(".")[0] != "dcpstudio":
             text = f"Unexpected {type(exc).__name__}: {text.splitlines()[0] if text else ''}"

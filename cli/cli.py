@@ -384,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, RuntimeError) and "allocate" in str(e):  # torch's allocator: a plain lack of memory
+            _error("not enough memory for this checkpoint")
+            return failed
         first = str(e).splitlines()[0] if str(e) else ""
         _error(f"unexpected {type(e).__name__}: {first} (set DCPSTUDIO_DEBUG=1 for details)")
         return failed

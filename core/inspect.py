@@ -32,7 +32,7 @@ from .formats.dcp import METADATA_FILE, METADATA_LIMIT, decode_item, open_chunk
 from .formats.detect import Format, detect_format
 from .formats.safetensors import read_safetensors_index
 from .formats.torchsave import TorchSaveFile
-from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, relative, whole_chunk
+from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, refuse_expanded, relative, whole_chunk
 
 if TYPE_CHECKING:
     import torch
@@ -408,7 +408,14 @@ class DCPCheckpoint(Checkpoint):
             offsets, sizes = _ints(c.offsets), _ints(c.sizes)
             info = self._info(fqn, offsets)
             out.append(Chunk(offsets, sizes, info.file, info.offset, info.length))
-        check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], f"{self.path} ({fqn!r})")
+        label = f"{self.path} ({fqn!r})"
+        check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], label)
+        assert entry.dtype is not None
+        for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
+            if not self._info(fqn, c.offsets).transforms and _volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
+                raise CorruptCheckpointError(
+                    f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only {c.length} bytes"
+                )
         self._chunks[fqn] = out
         return out
 
@@ -510,11 +517,11 @@ class DCPCheckpoint(Checkpoint):
         entry = self.tensor_entry(fqn)
         assert entry.dtype is not None
         offsets, sizes = _box(entry, region)
+        chunks = self.chunks(fqn)  # checked to tile the tensor, each within what its file stores
         dtype = entry.dtype.torch
-        target = torch.empty(sizes, dtype=dtype)
+        target = torch.empty(sizes, dtype=dtype)  # every element is read below: the chunks tile it
         if target.numel() == 0:
             return target
-        chunks = self.chunks(fqn)
         md = TensorStorageMetadata(
             TensorProperties(dtype=dtype),
             torch.Size(entry.shape or ()),
@@ -631,6 +638,7 @@ class TorchCheckpoint(Checkpoint):
         entry = self.tensor_entry(fqn)
         offsets, sizes = _box(entry, region)
         t = self.tensor_ref(fqn).narrow(offsets, sizes)
+        refuse_expanded(entry, self.label, "read", t.nbytes)
         where = self._file.view_range(t)
         if where is not None:  # contiguous and in place: read just its bytes, straight into the tensor
             out = torch.empty(t.shape, dtype=t.dtype.torch)

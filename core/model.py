@@ -84,8 +84,10 @@ def expanded(entry: Entry) -> bool:
     return entry.stored is not None and entry.nbytes > max(EXPANDED_FLOOR, EXPANDED_RATIO * entry.stored)
 
 
-def refuse_expanded(entry: Entry, label: str, doing: str) -> None:
-    if expanded(entry):
+def refuse_expanded(entry: Entry, label: str, doing: str, nbytes: int | None = None) -> None:
+    """Raise for an :func:`expanded` entry (or a region of ``nbytes`` of it that is)."""
+    size = entry.nbytes if nbytes is None else nbytes
+    if entry.stored is not None and size > max(EXPANDED_FLOOR, EXPANDED_RATIO * entry.stored):
         from .errors import UnsupportedFormatError
 
         raise UnsupportedFormatError(

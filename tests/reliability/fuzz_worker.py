@@ -129,53 +129,72 @@ def main() -> int:
     seed, cases, work = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a blow-up fails fast instead of swapping
     signal.signal(signal.SIGALRM, _alarm)
-    from dcpstudio.core import DCPStudioError
+
+    from tests.reliability.attacks import ATTACKS
 
     bases = make_bases(work)
     rng = random.Random(seed)
     summary: dict[str, Any] = {"cases": 0, "ok": 0, "domain_errors": 0, "failures": [], "by_kind": {}}
     for n in range(cases):
-        kind = rng.choice(list(bases))
-        data = bases[kind].read_bytes()
-        how, mutated = mutate(kind, data, rng)
         case = work / f"case{n}"
         case.mkdir()
-        if kind.startswith("dcp"):
-            shutil.copytree(bases[kind].parent, case / "ckpt")
-            target = case / "ckpt" / bases[kind].name
-            target.write_bytes(mutated)
-            path = case / "ckpt"
+        if rng.random() < ATTACK_SHARE:  # a crafted checkpoint of a random class and variant
+            kind = "attack:" + rng.choice(sorted(set(ATTACKS) - SLOW_ATTACKS))
+            attack = ATTACKS[kind.split(":", 1)[1]](case, random.Random(rng.randrange(1 << 30)))
+            path, how = attack.path, attack.note
         else:
-            path = case / bases[kind].name
-            path.write_bytes(mutated)
+            kind, path, how = _mutated(bases, case, rng)
         summary["cases"] += 1
         summary["by_kind"][kind] = summary["by_kind"].get(kind, 0) + 1
-        signal.alarm(CASE_SECONDS)
-        try:
-            exercise(path, case)
-            summary["ok"] += 1
-        except DCPStudioError:
-            summary["domain_errors"] += 1
-        except Hang:
-            summary["failures"].append({"case": n, "kind": kind, "mutation": how, "error": "hang"})
-        except BaseException as e:
-            summary["failures"].append(
-                {
-                    "case": n,
-                    "kind": kind,
-                    "mutation": how,
-                    "error": f"{type(e).__name__}: {str(e)[:200]}",
-                    "where": traceback.format_exc().splitlines()[-3][:200],
-                }
-            )
-        finally:
-            signal.alarm(0)
-            leftover = [p.name for p in case.rglob("*") if ".dcpstudio-tmp-" in p.name]
-            if leftover:
-                summary["failures"].append({"case": n, "kind": kind, "mutation": how, "error": f"left {leftover}"})
-            shutil.rmtree(case, ignore_errors=True)
+        _run_case(n, kind, how, path, case, summary)
     print(json.dumps(summary))
     return 0
+
+
+ATTACK_SHARE = 0.1
+SLOW_ATTACKS = {"metadata-twice"}  # seconds to build: test_attacks.py covers it
+
+def _mutated(bases: dict[str, Path], case: Path, rng: random.Random) -> tuple[str, Path, str]:
+    """A base checkpoint with one of its files mutated."""
+    kind = rng.choice(list(bases))
+    data = bases[kind].read_bytes()
+    how, mutated = mutate(kind, data, rng)
+    if kind.startswith("dcp"):
+        shutil.copytree(bases[kind].parent, case / "ckpt")
+        (case / "ckpt" / bases[kind].name).write_bytes(mutated)
+        return kind, case / "ckpt", how
+    path = case / bases[kind].name
+    path.write_bytes(mutated)
+    return kind, path, how
+
+
+def _run_case(n: int, kind: str, how: str, path: Path, case: Path, summary: dict[str, Any]) -> None:
+    from dcpstudio.core import DCPStudioError
+
+    signal.alarm(CASE_SECONDS)
+    try:
+        exercise(path, case)
+        summary["ok"] += 1
+    except DCPStudioError:
+        summary["domain_errors"] += 1
+    except Hang:
+        summary["failures"].append({"case": n, "kind": kind, "mutation": how, "error": "hang"})
+    except BaseException as e:
+        summary["failures"].append(
+            {
+                "case": n,
+                "kind": kind,
+                "mutation": how,
+                "error": f"{type(e).__name__}: {str(e)[:200]}",
+                "where": traceback.format_exc().splitlines()[-3][:200],
+            }
+        )
+    finally:
+        signal.alarm(0)
+        leftover = [p.name for p in case.rglob("*") if ".dcpstudio-tmp-" in p.name]
+        if leftover:
+            summary["failures"].append({"case": n, "kind": kind, "mutation": how, "error": f"left {leftover}"})
+        shutil.rmtree(case, ignore_errors=True)
 
 
 if __name__ == "__main__":
