@@ -154,6 +154,7 @@ def main() -> int:
 ATTACK_SHARE = 0.1
 SLOW_ATTACKS = {"metadata-twice"}  # seconds to build: test_attacks.py covers it
 
+
 def _mutated(bases: dict[str, Path], case: Path, rng: random.Random) -> tuple[str, Path, str]:
     """A base checkpoint with one of its files mutated."""
     kind = rng.choice(list(bases))
