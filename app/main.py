@@ -99,4 +99,24 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
     window.notifier.install_hooks()
     if quit_after is not None:
         QTimer.singleShot(int(quit_after * 1000), window.close)
+    _close_on_termination(window)
     return int(app.exec())
+
+
+def _close_on_termination(window: QWidget) -> None:
+    """SIGTERM and SIGHUP close the window like its Quit action: running jobs are cancelled and
+    their temporary outputs removed. (Python runs signal handlers between bytecodes; a timer gives
+    it some while Qt's event loop waits.)"""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    def close(signum: int, frame: object) -> None:
+        window.close()
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), close)
+    tick = QTimer(window)
+    tick.timeout.connect(lambda: None)
+    tick.start(250)

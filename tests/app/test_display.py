@@ -68,3 +68,19 @@ def test_the_command_says_it_in_one_line_where_libraries_are_missing(tmp_path: P
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dcpstudio: error: the window needs system libraries"), lines
     assert "sudo apt-get install" in lines[0]
+
+
+def test_sigterm_closes_the_window_like_quit(tmp_path: Path) -> None:
+    """SIGTERM and SIGHUP go through the window's close (jobs cancelled, temporaries removed,
+    settings saved) instead of killing the process mid-write."""
+    import signal
+    import time
+
+    pt = tmp_path / "m.pt"
+    pt.write_bytes(b"")  # any path: the window opens and shows the error
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    proc = subprocess.Popen([sys.executable, "-m", "dcpstudio", "open", str(pt)], env=env)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert any((tmp_path / "config").rglob("*.conf")), "the window's settings were not saved on the way out"
