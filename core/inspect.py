@@ -28,7 +28,7 @@ from ._tensor_io import materialize, to_bytes
 from ._tree import flatten_state_dict, map_tensors
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError, UnsupportedFormatError
-from .formats.dcp import METADATA_FILE, METADATA_LIMIT, decode_item, open_chunk
+from .formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
 from .formats.detect import Format, detect_format
 from .formats.safetensors import read_safetensors_index
 from .formats.torchsave import TorchSaveFile
@@ -264,41 +264,6 @@ def _stored(info: Any) -> _Stored:
     return _Stored(file, offset, length, tuple(transforms))
 
 
-def _volume(sizes: Sequence[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
-
-
-def check_tiling(shape: tuple[int, ...], boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], label: str) -> None:
-    """The chunk boxes ``(offsets, sizes)`` cover the tensor exactly: each inside the shape, no two
-    overlapping, and their volumes adding up to its element count (so no gaps either)."""
-    total = 0
-    for offsets, sizes in boxes:
-        if len(offsets) != len(shape) or len(sizes) != len(shape):
-            raise CorruptCheckpointError(f"{label}: a chunk has {len(offsets)} dimensions, the tensor {len(shape)}")
-        if any(o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
-            raise CorruptCheckpointError(
-                f"{label}: chunk at {list(offsets)} of size {list(sizes)} lies outside the tensor {list(shape)}"
-            )
-        total += _volume(sizes)
-    numel = _volume(shape)
-    if total != numel:
-        how = "overlap" if total > numel else "leave gaps"
-        raise CorruptCheckpointError(f"{label}: its chunks {how} (they hold {total} of {numel} elements)")
-    if len(boxes) < 2 or not shape:
-        return
-    live = sorted((b for b in boxes if _volume(b[1])), key=lambda b: b[0][0])
-    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    for offsets, sizes in live:  # sweep along dimension 0: compare only boxes whose rows meet
-        active = [b for b in active if b[0][0] + b[1][0] > offsets[0]]
-        for o, s in active:
-            if all(a < c + t and c < a + u for a, u, c, t in zip(offsets, sizes, o, s, strict=True)):
-                raise CorruptCheckpointError(f"{label}: chunks at {list(o)} and {list(offsets)} overlap")
-        active.append((offsets, sizes))
-
-
 class DCPCheckpoint(Checkpoint):
     format: Format = "dcp"
 
@@ -412,7 +377,7 @@ class DCPCheckpoint(Checkpoint):
         check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], label)
         assert entry.dtype is not None
         for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
-            if not self._info(fqn, c.offsets).transforms and _volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
+            if not self._info(fqn, c.offsets).transforms and volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
                 raise CorruptCheckpointError(
                     f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only {c.length} bytes"
                 )

@@ -48,7 +48,7 @@ from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metada
 from .._pipeline import prefetch
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
-from .dcp import METADATA_FILE, METADATA_LIMIT, decode_item, open_chunk
+from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
 from .torchsave import write_tensor_archive
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "unwrap_error"]
@@ -117,6 +117,10 @@ class DCPReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         md = read_metadata(self.path, trust_pickle=self.trust_pickle)
+        for fqn, smd in md.state_dict_metadata.items():  # every element a load fills comes from a chunk
+            if isinstance(smd, TensorStorageMetadata):
+                boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in smd.chunks]
+                check_tiling(tuple(smd.size), boxes, f"{self.path} ({fqn!r})")
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
