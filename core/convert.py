@@ -124,7 +124,7 @@ def _to_torch(
     ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool
 ) -> None:
     obj: Any
-    if whole and isinstance(ckpt, TorchCheckpoint):
+    if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
         obj = ckpt.obj  # the file's own object tree: views, shared storages and key types kept
     else:
         obj = {}
@@ -145,7 +145,7 @@ def _to_torch(
 
 
 def _to_dcp(ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter) -> None:
-    if isinstance(ckpt, TorchCheckpoint) and not isinstance(ckpt.obj, dict):
+    if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )

@@ -29,10 +29,10 @@ from ._tree import flatten_state_dict, map_tensors
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 from .formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
-from .formats.detect import Format, detect_format
-from .formats.safetensors import read_safetensors_index
+from .formats.detect import TORCH_INDEX_SUFFIXES, Format, detect_format
+from .formats.safetensors import SafetensorsTensor, read_safetensors_index
 from .formats.torchsave import TorchSaveFile
-from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, refuse_expanded, relative, whole_chunk
+from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, refuse_expanded, relative
 
 if TYPE_CHECKING:
     import torch
@@ -406,7 +406,7 @@ class DCPCheckpoint(Checkpoint):
                 out.append(c)  # transformed (compressed): no raw bytes in place
                 continue
             f, offset, length, label = self._item_bytes(c, fqn, 0)
-            parsed = open_chunk(f, offset, length, label)
+            parsed = open_chunk(f, offset, length, label, fqn)
             _check_stored(parsed.tensor, self.entries[fqn], c, label)
             out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
         return out
@@ -422,7 +422,7 @@ class DCPCheckpoint(Checkpoint):
         if self._descriptors(fqn, c.offsets):
             return None
         f, offset, length, label = self._item_bytes(c, fqn, 0)
-        parsed = open_chunk(f, offset, length, label)
+        parsed = open_chunk(f, offset, length, label, fqn)
         _check_stored(parsed.tensor, entry, c, label)
         return parsed.file_range(f.fileno(), entry.dtype, entry.shape or ())
 
@@ -444,7 +444,7 @@ class DCPCheckpoint(Checkpoint):
         view = memoryview(out)
         for c in chunks:
             f, offset, length, label = self._item_bytes(c, fqn, entry.nbytes + (1 << 20))
-            parsed = open_chunk(f, offset, length, label)
+            parsed = open_chunk(f, offset, length, label, fqn)
             t, raw = parsed.tensor, parsed.raw_offset()
             _check_stored(t, entry, c, label)
             if raw is None:
@@ -531,23 +531,27 @@ def _row_slabs(chunks: list[Chunk], shape: tuple[int, ...]) -> list[Chunk] | Non
 
 
 class TorchCheckpoint(Checkpoint):
+    """A torch.save file -- or a directory of them with an index (``pytorch_model.bin.index.json``,
+    as transformers shards large models), whose flat state dicts are read as one."""
+
     format: Format = "torch"
 
     def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
-        self._file = TorchSaveFile(path, trust_pickle=trust_pickle)
-        obj = self._file.obj
+        index = torch_index(path)
+        files = _index_files(index) if index is not None else [path]
+        self._files: list[TorchSaveFile] = []
+        self._file_of: dict[str, TorchSaveFile] = {}
+        self._values: dict[str, Any] = {}
+        self._paths: dict[str, tuple[str | int, ...]] = {}
         try:
-            flat, paths = (
-                flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, {ROOT_KEY: (ROOT_KEY,)})
-            )
-        except (ValueError, RecursionError) as e:
-            self._file.close()
-            raise CorruptCheckpointError(f"{path}: cannot flatten its names ({type(e).__name__}: {e})") from e
-        self._values = flat
-        self._paths = paths
+            for file in files:
+                self._add(file, trust_pickle, sharded=index is not None)
+        except BaseException:
+            self.close()
+            raise
         entries: dict[str, Entry] = {}
-        by_storage: dict[str, list[str]] = {}
-        for fqn, value in flat.items():
+        by_storage: dict[tuple[int, str], list[str]] = {}
+        for fqn, value in self._values.items():
             if isinstance(value, TensorRef):
                 key = value.storage.key if value.storage is not None else None
                 entries[fqn] = Entry(
@@ -555,28 +559,50 @@ class TorchCheckpoint(Checkpoint):
                     "tensor",
                     value.dtype,
                     value.shape,
-                    storage=key,
+                    storage=key if index is None or key is None else f"{Path(self._file_of[fqn].label).name}/{key}",
                     storage_offset=value.storage_offset,
                     stride=value.stride,
                     stored=value.storage.nbytes if value.storage is not None else 0,
                 )
                 if key is not None:
-                    by_storage.setdefault(key, []).append(fqn)
+                    by_storage.setdefault((id(self._file_of[fqn]), key), []).append(fqn)
             else:
                 entries[fqn] = Entry(fqn, "object", value=value)
         for names in by_storage.values():
             if len(names) > 1:
                 for name in names:
                     entries[name].shared_with = tuple(n for n in names if n != name)
-        super().__init__(path, entries, {"format": self._file.format})
+        info = {"format": self._files[0].format if self._files else "torch-zip"}
+        if index is not None:
+            info["index"] = str(index)
+        super().__init__(path, entries, info)
+
+    def _add(self, file: Path, trust: bool, *, sharded: bool) -> None:
+        tsf = TorchSaveFile(file, trust_pickle=trust)
+        self._files.append(tsf)
+        obj = tsf.obj
+        if sharded and not isinstance(obj, dict):
+            raise CorruptCheckpointError(f"{file}: a shard holds a {type(obj).__name__}, not a state dict")
+        try:
+            flat, paths = (
+                flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, {ROOT_KEY: (ROOT_KEY,)})
+            )
+        except (ValueError, RecursionError) as e:
+            raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
+        for fqn, value in flat.items():
+            if fqn in self._values:
+                raise CorruptCheckpointError(f"{file}: {fqn!r} is also in {Path(self._file_of[fqn].label).name}")
+            self._values[fqn] = value
+            self._paths[fqn] = paths[fqn]
+            self._file_of[fqn] = tsf
 
     def paths(self) -> dict[str, tuple[str | int, ...]]:
         return dict(self._paths)
 
     @property
     def obj(self) -> Any:
-        """The whole object the file holds (tensors as :class:`TensorRef`)."""
-        return self._file.obj
+        """The whole object a single file holds (tensors as :class:`TensorRef`); None for shards."""
+        return self._files[0].obj if len(self._files) == 1 and "index" not in self.info else None
 
     def chunks(self, fqn: str) -> list[Chunk]:
         entry = self.entry(fqn)
@@ -585,10 +611,11 @@ class TorchCheckpoint(Checkpoint):
         t = self._values[fqn]
         if t.storage is None:
             return []
-        offset, size = self._file.location(t.storage)
+        file = self._file_of[fqn]
+        offset, size = file.location(t.storage)
         data = offset + t.byte_offset if t.is_contiguous() else None
         shape = entry.shape or ()
-        return [Chunk((0,) * len(shape), shape, self.path.name, offset, size, data)]
+        return [Chunk((0,) * len(shape), shape, relative(Path(file.label), self.path), offset, size, data)]
 
     def tensor_ref(self, fqn: str) -> TensorRef:
         self.tensor_entry(fqn)
@@ -604,14 +631,15 @@ class TorchCheckpoint(Checkpoint):
         offsets, sizes = _box(entry, region)
         t = self.tensor_ref(fqn).narrow(offsets, sizes)
         refuse_expanded(entry, self.label, "read", t.nbytes)
-        where = self._file.view_range(t)
+        file = self._file_of[fqn]
+        where = file.view_range(t)
         if where is not None:  # contiguous and in place: read just its bytes, straight into the tensor
             out = torch.empty(t.shape, dtype=t.dtype.torch)
             if out.numel():
-                read_exact(self._file.file, where.offset, tensor_buffer(out), self.label)
+                read_exact(file.file, where.offset, tensor_buffer(out), file.label)
             return out
         full = materialize(t)
-        self._file.release()
+        file.release()
         return full.clone(memory_format=torch.contiguous_format)
 
     def read_object(self, fqn: str) -> Any:
@@ -619,11 +647,33 @@ class TorchCheckpoint(Checkpoint):
 
     def read_value(self, fqn: str) -> Any:
         out = super().read_value(fqn)
-        self._file.release()
+        for file in self._files:
+            file.release()
         return out
 
     def close(self) -> None:
-        self._file.close()
+        for file in self._files:
+            file.close()
+
+
+def torch_index(path: Path) -> Path | None:
+    """The index of a directory of torch.save shards (``pytorch_model.bin.index.json``), if ``path``
+    is one (or is the index itself)."""
+    if path.is_file():
+        return path if path.name.endswith(TORCH_INDEX_SUFFIXES) else None
+    if not path.is_dir():
+        return None
+    found = sorted(p for p in path.iterdir() if p.name.endswith(TORCH_INDEX_SUFFIXES))
+    return found[0] if found else None
+
+
+def _index_files(index: Path) -> list[Path]:
+    try:
+        data = json.loads(read_regular(index, 100 << 20))
+        names = sorted(set(data["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{index}: damaged index ({type(e).__name__}: {e})") from e
+    return [member_path(index.parent, name, "shard named by the index") for name in names]
 
 
 VALUES_KEY = "dcpstudio.values"
@@ -644,17 +694,21 @@ def _stored_values(meta: dict[str, str], path: Path) -> dict[str, Any]:
 
 
 class SafetensorsCheckpoint(Checkpoint):
+    """One safetensors file, a directory of shards, or torch's distributed HF layout -- each file
+    holding each rank's shard of a tensor under its full name, placed by ``DCP_SHARDING_INFO`` --
+    whose shards are assembled into full tensors. A lone shard file shows its tensors as shards."""
+
     format: Format = "safetensors"
 
     def __init__(self, path: Path) -> None:
         tensors, info = read_safetensors_index(path)
-        entries = {}
-        self._where = {}
+        parts: dict[str, list[SafetensorsTensor]] = {}
         for t in tensors:
-            if t.name in entries:
-                raise CorruptCheckpointError(f"{path}: tensor {t.name!r} appears in two files")
-            entries[t.name] = Entry(t.name, "tensor", t.dtype, t.shape)
-            self._where[t.name] = t
+            parts.setdefault(t.name, []).append(t)
+        entries: dict[str, Entry] = {}
+        for name, found in parts.items():
+            entries[name] = self._entry(path, name, found)
+        self._parts = parts
         for file_meta in info.get("metadata", {}).values():
             for fqn, value in _stored_values(file_meta, path).items():
                 entries.setdefault(fqn, Entry(fqn, "object", value=value))
@@ -662,26 +716,86 @@ class SafetensorsCheckpoint(Checkpoint):
         root = path if path.is_dir() else path.parent
         self._files = _OpenFiles(root, "safetensors shard")
 
+    @staticmethod
+    def _entry(path: Path, name: str, found: list[SafetensorsTensor]) -> Entry:
+        dtype = found[0].dtype
+        if any(t.dtype is not dtype for t in found):
+            raise CorruptCheckpointError(f"{path}: the shards of {name!r} have different dtypes")
+        if len(found) == 1 and not any(found[0].offsets):
+            return Entry(name, "tensor", dtype, found[0].shape)
+        ndim = len(found[0].shape)
+        full = tuple(max(t.offsets[d] + t.shape[d] for t in found) for d in range(ndim))
+        if len(found) == 1:  # one shard of a tensor whose other shards are elsewhere
+            return Entry(name, "tensor", dtype, found[0].shape, shard_of=(found[0].offsets, full))
+        check_tiling(full, [(t.offsets, t.shape) for t in found], f"{path} ({name!r})")
+        return Entry(name, "tensor", dtype, full)
+
+    def _local(self, fqn: str) -> list[SafetensorsTensor]:
+        """The shards of a tensor, with offsets relative to the tensor as the entry shows it."""
+        found = self._parts[self.entry(fqn).fqn]
+        if self.entries[fqn].shard_of is not None:
+            t = found[0]
+            return [SafetensorsTensor(t.name, t.file, t.dtype, t.shape, t.data_offset, t.nbytes, (0,) * len(t.shape))]
+        return found
+
     def chunks(self, fqn: str) -> list[Chunk]:
-        t = self._where[self.entry(fqn).fqn]
-        return [whole_chunk(self.entries[fqn], relative(t.file, self.path), t.data_offset)]
+        return [
+            Chunk(t.offsets, t.shape, relative(t.file, self.path), t.data_offset, t.nbytes, t.data_offset)
+            for t in self._local(fqn)
+        ]
 
     def _file(self, path: Path) -> IO[bytes]:
         return self._files.get(path)  # checked inside the checkpoint when the index was read
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
+        import torch
+
         entry = self.tensor_entry(fqn)
-        t = self._where[fqn]
         offsets, sizes = _box(entry, region)
-        return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
+        parts = self._local(fqn)
+        if len(parts) == 1:
+            t = parts[0]
+            return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
+        out = torch.empty(sizes, dtype=entry.dtype.torch if entry.dtype else None)  # the shards tile it
+        for t in parts:  # each shard's overlap with the region
+            lo = [max(o, s) for o, s in zip(offsets, t.offsets, strict=True)]
+            hi = [min(o + n, s + m) for o, n, s, m in zip(offsets, sizes, t.offsets, t.shape, strict=True)]
+            if any(a >= b for a, b in zip(lo, hi, strict=True)):
+                continue
+            local = [a - s for a, s in zip(lo, t.offsets, strict=True)]
+            size = [b - a for a, b in zip(lo, hi, strict=True)]
+            piece = read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file))
+            view = out
+            for dim, (a, n) in enumerate(zip(lo, size, strict=True)):
+                view = view.narrow(dim, a - offsets[dim], n)
+            view.copy_(piece)
+        return out
 
     def storage_range(self, ref: StorageRef) -> FileRange | None:
-        t = self._where[ref.key]
+        parts = self._local(ref.key)
+        if len(parts) != 1:
+            return None
+        t = parts[0]
         return FileRange(self._file(t.file).fileno(), t.data_offset, t.nbytes)
 
     def storage_bytes(self, ref: StorageRef) -> memoryview:
-        t = self._where[ref.key]
-        return _read(self._file(t.file), t.data_offset, t.nbytes, str(t.file))
+        entry = self.tensor_entry(ref.key)
+        parts = self._local(ref.key)
+        if len(parts) == 1:
+            t = parts[0]
+            return _read(self._file(t.file), t.data_offset, t.nbytes, str(t.file))
+        ordered = _row_slabs(self.chunks(ref.key), entry.shape or ())
+        if ordered is None:
+            return to_bytes(self.read_tensor(ref.key))
+        out = bytearray(entry.nbytes)  # whole-row shards, in row order: their bytes one after another
+        view = memoryview(out)
+        pos = 0
+        by_start = {t.offsets: t for t in parts}
+        for c in ordered:
+            t = by_start[c.offsets]
+            read_exact(self._file(t.file), t.data_offset, view[pos : pos + t.nbytes], str(t.file))
+            pos += t.nbytes
+        return view
 
     def read_object(self, fqn: str) -> Any:
         entry = self.entry(fqn)

@@ -59,6 +59,8 @@ class Entry:
     shared_with: tuple[str, ...] = ()
     value: Any = None  # torch.save: the non-tensor value itself (already loaded with the pickle)
     stored: int | None = None  # bytes stored for a tensor when it is a view of fewer (torch.save)
+    # a lone shard of a larger tensor whose other shards are elsewhere: (its offsets, the extent seen)
+    shard_of: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def numel(self) -> int:
@@ -221,7 +223,8 @@ def whole_chunk(entry: Entry, file: str, data_offset: int) -> Chunk:
 
 
 def relative(path: Path, root: Path) -> str:
+    base = root if root.is_dir() else root.parent
     try:
-        return str(path.relative_to(root if root.is_dir() else root.parent))
+        return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
         return str(path)

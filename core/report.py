@@ -88,6 +88,8 @@ def _describe(ckpt: Checkpoint, node: Node) -> str:
         return ""
     if e.kind == "tensor":
         text = f"{dtype_name(e.dtype)} {list(e.shape or ())} {human_bytes(e.nbytes)}"
+        if e.shard_of is not None:
+            text += f" (a shard, at {list(e.shard_of[0])} of a larger tensor; its other shards are elsewhere)"
         if e.shared_with:
             text += f" (shares storage with {', '.join(e.shared_with)})"
         return text

@@ -136,6 +136,8 @@ class DetailsPanel(QStackedWidget):
             values["Kind"] = e.kind
             values["Dtype"] = dtype_name(e.dtype) or ""
             values["Shape"] = str(list(e.shape)) if e.shape is not None else ""
+            if e.shard_of is not None:
+                values["Shape"] += f" — a shard, at {list(e.shard_of[0])} of a larger tensor"
             values["Elements"] = f"{e.numel:,}" if e.kind == "tensor" else ""
             if e.storage is not None:
                 values["Storage"] = f"record data/{e.storage}, offset {e.storage_offset}, stride {list(e.stride or ())}"

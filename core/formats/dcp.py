@@ -26,7 +26,7 @@ from .._files import member_path, read_regular
 from .._io import FileRange, read_exact
 from .._pickle import LIGHT_METADATA_GLOBALS, LazyStorages, TorchPickler, load_light_metadata, load_torch_pickle
 from .._pipeline import prefetch
-from .._refs import Size, TensorRef
+from .._refs import Size, StorageRef, TensorRef
 from .._tensor_io import Payload
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -127,7 +127,7 @@ class Chunk:
     big_endian: bool
     record: str
     size: int  # bytes in the storage record
-    crc: int
+    crc: int | None  # from the archive's directory (None for safetensors data, which has none)
 
     def raw_offset(self) -> int | None:
         """Absolute offset of the tensor's row-major element bytes when they lie in place in the
@@ -148,8 +148,14 @@ class Chunk:
         return FileRange(fd, start, t.nbytes, self.crc if covers else None)
 
 
-def open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> Chunk:
-    """Parse the torch.save archive of one tensor chunk at ``[offset, offset+length)`` of ``f``."""
+def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | None = None) -> Chunk:
+    """Parse one stored tensor chunk of ``fqn``: the torch.save archive at ``[offset, offset+length)``
+    of ``f`` or -- in a DCP saved with ``serialization_format=SAFETENSORS`` -- the safetensors data
+    that starts at ``offset`` (the file's tensors, found by name)."""
+    head = bytearray(min(9, max(length, 9)))
+    read_exact(f, offset, memoryview(head), label)
+    if fqn is not None and head[:2] != b"PK" and head[8:9] == b"{":
+        return _safetensors_chunk(f, offset, label, fqn)
     records = read_zip_records(f, label, offset, length)
     pickles = [n for n in records if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pickles) != 1:
@@ -174,6 +180,18 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str) -> Chunk:
         read_exact(f, offset + order.data_offset, memoryview(mark), label)
         big = bytes(mark) == b"big"
     return Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name, rec.size, rec.crc)
+
+
+def _safetensors_chunk(f: IO[bytes], offset: int, label: str, fqn: str) -> Chunk:
+    from .safetensors import parse_header
+
+    tensors, _ = parse_header(f, Path(label), label, offset)
+    found = next((t for t in tensors if t.name == fqn), None)
+    if found is None:
+        raise CorruptCheckpointError(f"{label}: the safetensors data at byte {offset} holds no tensor {fqn!r}")
+    storage = StorageRef.for_tensor(fqn, found.dtype, found.nbytes // max(found.dtype.itemsize, 1), None)
+    tensor = TensorRef.contiguous(storage, found.dtype, found.shape)
+    return Chunk(tensor, found.data_offset, True, False, fqn, found.nbytes, None)
 
 
 def chunk_view(f: IO[bytes], offset: int, length: int) -> FileView:

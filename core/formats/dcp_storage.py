@@ -185,7 +185,7 @@ class DCPReader(FileSystemReader):
             self.bytes_read += length
             planner.load_bytes(item, io.BytesIO(raw))
             return
-        chunk = open_chunk(source, offset, length, label)
+        chunk = open_chunk(source, offset, length, label, item.storage_index.fqn)
         target = planner.resolve_tensor(item).detach()
         if list(target.size()) != list(item.lengths):
             raise CorruptCheckpointError(

@@ -15,6 +15,7 @@ __all__ = ["Format", "detect_format"]
 Format = Literal["dcp", "torch", "safetensors"]
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_INDEX_SUFFIXES = (".bin.index.json", ".pt.index.json", ".pth.index.json")
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:
@@ -38,11 +39,17 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
             )
         if (p / _SAFETENSORS_INDEX).is_file() or any(p.glob("*.safetensors")):
             return "safetensors"
-        raise UnsupportedFormatError(f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors)")
+        if any(p.name.endswith(TORCH_INDEX_SUFFIXES) for p in p.iterdir()):
+            return "torch"  # torch.save shards with their index (pytorch_model.bin.index.json)
+        raise UnsupportedFormatError(
+            f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors, no pytorch_model.bin.index.json)"
+        )
     if not p.exists():
         raise UnsupportedFormatError(f"{p}: no such file or directory")
     if p.name.endswith(".safetensors.index.json"):
         return "safetensors"
+    if p.name.endswith(TORCH_INDEX_SUFFIXES):
+        return "torch"
     try:
         with open_regular(p) as f:
             size = os.fstat(f.fileno()).st_size

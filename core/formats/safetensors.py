@@ -12,51 +12,61 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .._files import member_path, open_regular, read_regular
-from .._io import FileRange, copy_range
+from .._io import FileRange, copy_range, read_exact
 from ..dtypes import BY_SAFETENSORS, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["SafetensorsTensor", "SafetensorsWriter", "read_safetensors_index"]
+__all__ = ["SHARDING_KEY", "SafetensorsTensor", "SafetensorsWriter", "parse_header", "read_safetensors_index"]
 
 _MAX_HEADER = 100 << 20
 
 
+SHARDING_KEY = "DCP_SHARDING_INFO"  # torch's HuggingFaceStorageWriter: where each tensor's shard lies
+
+
 @dataclass(frozen=True)
 class SafetensorsTensor:
+    """One tensor of a safetensors file. ``offsets`` places it in a larger tensor when the file
+    holds a shard of it (torch's distributed HF layout: ``DCP_SHARDING_INFO``), else zeros."""
+
     name: str
     file: Path
     dtype: DType
     shape: tuple[int, ...]
     data_offset: int  # absolute byte offset in ``file``
     nbytes: int
+    offsets: tuple[int, ...] = ()
 
 
-def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+def parse_header(f: IO[bytes], path: Path, label: str, base: int = 0) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+    """The tensors of the safetensors data at offset ``base`` of ``f`` (a whole file, or a blob
+    inside a DCP data file). Every range is checked against the file's size."""
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) < 8:
-                raise CorruptCheckpointError(f"{path}: too short for a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise CorruptCheckpointError(
-                    f"{path}: header length {n} exceeds the file (truncated or not safetensors)"
-                )
-            raw = f.read(n)
+        size = os.fstat(f.fileno()).st_size
+        head = bytearray(8)
+        if base + 8 > size:
+            raise CorruptCheckpointError(f"{label}: too short for a safetensors file")
+        read_exact(f, base, memoryview(head), label)
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_MAX_HEADER, size - base - 8):
+            raise CorruptCheckpointError(f"{label}: header length {n} exceeds the file (truncated or not safetensors)")
+        raw = bytearray(n)
+        read_exact(f, base + 8, memoryview(raw), label)
     except OSError as e:
-        raise UnsupportedFormatError(f"{path}: cannot read ({e.strerror or e})") from e
+        raise UnsupportedFormatError(f"{label}: cannot read ({e.strerror or e})") from e
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptCheckpointError(f"{path}: damaged safetensors header ({e})") from e
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{label}: damaged safetensors header ({type(e).__name__})") from e
     if not isinstance(header, dict):
-        raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
-    base = 8 + n
+        raise CorruptCheckpointError(f"{label}: safetensors header is not a JSON object")
+    start_of_data = base + 8 + n
     meta = header.pop("__metadata__", None) or {}
+    meta = {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    sharding = _sharding(meta, label)
     tensors = []
     for name, spec in header.items():
         try:
@@ -64,17 +74,42 @@ def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
             shape = tuple(int(s) for s in spec["shape"])
             start, end = (int(x) for x in spec["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
-            raise CorruptCheckpointError(f"{path}: bad header entry for {name!r} ({type(e).__name__}: {e})") from e
+            raise CorruptCheckpointError(f"{label}: bad header entry for {name!r} ({type(e).__name__}: {e})") from e
         numel = 1
         for s in shape:
             if s < 0:
-                raise CorruptCheckpointError(f"{path}: negative dimension in {name!r}")
+                raise CorruptCheckpointError(f"{label}: negative dimension in {name!r}")
             numel *= s
         nbytes = numel * dtype.itemsize
-        if not 0 <= start <= end or end - start != nbytes or base + end > size:
-            raise CorruptCheckpointError(f"{path}: data range of {name!r} is inconsistent or outside the file")
-        tensors.append(SafetensorsTensor(name, path, dtype, shape, base + start, nbytes))
-    return tensors, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+        if not 0 <= start <= end or end - start != nbytes or start_of_data + end > size:
+            raise CorruptCheckpointError(f"{label}: data range of {name!r} is inconsistent or outside the file")
+        offsets = sharding.get(name, (0,) * len(shape))
+        if len(offsets) != len(shape):
+            raise CorruptCheckpointError(f"{label}: {SHARDING_KEY} of {name!r} does not match its shape")
+        tensors.append(SafetensorsTensor(name, path, dtype, shape, start_of_data + start, nbytes, offsets))
+    return tensors, meta
+
+
+def _sharding(meta: dict[str, str], label: str) -> dict[str, tuple[int, ...]]:
+    raw = meta.get(SHARDING_KEY)
+    if raw is None:
+        return {}
+    try:
+        info = json.loads(raw)
+        out = {}
+        for name, spec in info.items():
+            offsets = tuple(spec["saved_offsets"])
+            if not all(type(o) is int and o >= 0 for o in offsets):
+                raise ValueError("offsets must be non-negative integers")
+            out[str(name)] = offsets
+        return out
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{label}: damaged {SHARDING_KEY} metadata ({type(e).__name__})") from e
+
+
+def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+    with open_regular(path) as f:
+        return parse_header(f, path, str(path))
 
 
 def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[SafetensorsTensor], dict[str, Any]]:
