@@ -435,7 +435,7 @@ class MainWindow(QMainWindow):
     # -- multi-rank load ---------------------------------------------------------------------------
     def load_on_ranks(self) -> Job | None:
         if self.ckpt is None:
-            self.notifier.info("Open a checkpoint first (a torch.save file or a DCP directory).")
+            self.notifier.info("Open a checkpoint first.")
             return None
         path = self.ckpt.path
         ranks = self.load_panel.ranks.value()

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "load",
         help="load a checkpoint on N ranks in a layout and check every shard (also under torchrun)",
     )
-    p.add_argument("path", help="torch.save file or DCP directory")
+    p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
     p.add_argument("--ranks", type=int, help="local ranks to spawn (omit under torchrun)")
     p.add_argument("--layout", default="shard0", choices=["replicate", "shard0", "shard1", "fsdp"])
     p.add_argument("--mesh", help="device mesh shape, e.g. 2x2 (default: 1-D over all ranks)")

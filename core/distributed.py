@@ -1,16 +1,18 @@
-"""Load a torch.save file straight into a multi-rank, sharded job with ``dcp.load``.
+"""Load a single-file checkpoint -- a torch.save file (or a directory of torch.save shards), or
+safetensors (one file or sharded) -- straight into a multi-rank, sharded job with ``dcp.load``.
 
-:class:`TorchSaveReader` replaces torch's ``BroadcastingTorchSaveReader``: the coordinator reads
-the file's structure safely (weights-only pickle, no tensor data), builds *global* metadata -- one
-whole chunk per tensor -- and broadcasts it, so every rank plans its own shards against the same
-truth (DTensor targets on any mesh, uneven splits, replicas, non-tensor values). In ``read_data``
-the coordinator learns every rank's read items, reads the file one tensor at a time and sends each
-rank only the bytes of its own regions, point to point. A failure on the coordinator is sent to
-every rank that still waits, so no rank is left blocked.
+:class:`CheckpointReader` (alias :class:`TorchSaveReader`) replaces torch's
+``BroadcastingTorchSaveReader``: the coordinator reads the checkpoint's structure safely (no tensor
+data, no code from pickles), builds *global* metadata -- one whole chunk per tensor -- and
+broadcasts it, so every rank plans its own shards against the same truth (DTensor targets on any
+mesh, uneven splits, replicas, non-tensor values). In ``read_data`` the coordinator learns every
+rank's read items, reads one tensor at a time (by range, from any format) and sends each rank only
+the bytes of its own regions, point to point. A failure on the coordinator is sent to every rank
+that still waits, so no rank is left blocked.
 
 Pair it with :class:`~dcpstudio.core.planners.SafeLoadPlanner`::
 
-    dcp.load(sd, storage_reader=TorchSaveReader("model.pt"), planner=SafeLoadPlanner())
+    dcp.load(sd, storage_reader=CheckpointReader("model.safetensors"), planner=SafeLoadPlanner())
 """
 
 from __future__ import annotations
@@ -38,13 +40,10 @@ from torch.futures import Future
 
 from . import errors
 from ._io import tensor_buffer
-from ._refs import TensorRef
-from ._tensor_io import materialize
-from ._tree import flatten_state_dict, map_tensors
 from .errors import DCPStudioError
-from .formats.torchsave import TorchSaveFile
+from .inspect import Checkpoint, TorchCheckpoint, open_checkpoint
 
-__all__ = ["TorchSaveReader"]
+__all__ = ["CheckpointReader", "TorchSaveReader"]
 
 _OK, _FAILED = 0, 1
 
@@ -65,8 +64,9 @@ def _rebuild_error(kind: str, message: str) -> Exception:
     return cls(message) if isinstance(cls, type) and issubclass(cls, Exception) else DCPStudioError(message)
 
 
-class TorchSaveReader(StorageReader):
-    """A ``StorageReader`` for one torch.save file, loaded into any sharding on any world size."""
+class CheckpointReader(StorageReader):
+    """A ``StorageReader`` for a torch.save or safetensors checkpoint, loaded into any sharding on
+    any world size."""
 
     def __init__(
         self,
@@ -81,8 +81,7 @@ class TorchSaveReader(StorageReader):
         self.trust_pickle = trust_pickle
         self.bytes_received = 0
         self.bytes_sent = 0
-        self._file: TorchSaveFile | None = None
-        self._values: dict[str, Any] = {}
+        self._ckpt: Checkpoint | None = None
         self._order: list[str] = []
 
     # -- StorageReader interface ------------------------------------------------------------------
@@ -93,7 +92,7 @@ class TorchSaveReader(StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return os.path.isfile(checkpoint_id)
+        return os.path.exists(checkpoint_id)
 
     def read_metadata(self) -> Metadata:
         """Built on the coordinator and broadcast; every rank gets the same metadata (or error)."""
@@ -137,9 +136,9 @@ class TorchSaveReader(StorageReader):
                 else:
                     self._receive(plan, planner)
         finally:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._ckpt is not None:
+                self._ckpt.close()
+                self._ckpt = None
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -147,19 +146,20 @@ class TorchSaveReader(StorageReader):
     # -- coordinator ------------------------------------------------------------------------------
     def _build_metadata(self) -> Metadata:
         if self.path is None:
-            raise DCPStudioError("TorchSaveReader needs a checkpoint_id (the torch.save file)")
-        self._file = TorchSaveFile(self.path, trust_pickle=self.trust_pickle)
-        obj = self._file.obj
-        if not isinstance(obj, dict):
-            raise errors.UnsupportedFormatError(f"{self.path}: holds a {type(obj).__name__}, not a state dict")
-        flat, _ = flatten_state_dict(obj)
-        self._values = flat
+            raise DCPStudioError("CheckpointReader needs a checkpoint_id (the torch.save or safetensors checkpoint)")
+        ckpt = self._ckpt = open_checkpoint(self.path, trust_pickle=self.trust_pickle)
+        if ckpt.format == "dcp":
+            raise errors.UnsupportedFormatError(f"{self.path}: a DCP checkpoint; load it with DCPReader")
+        if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
+            raise errors.UnsupportedFormatError(f"{self.path}: holds a {type(ckpt.obj).__name__}, not a state dict")
         sdm: dict[str, Any] = {}
-        for fqn, value in flat.items():
-            if isinstance(value, TensorRef):
-                zeros, size = torch.Size([0] * len(value.shape)), torch.Size(value.shape)
+        for fqn, entry in ckpt.entries.items():
+            if entry.kind == "tensor":
+                assert entry.dtype is not None
+                shape = entry.shape or ()
+                zeros, size = torch.Size([0] * len(shape)), torch.Size(shape)
                 sdm[fqn] = TensorStorageMetadata(
-                    TensorProperties(dtype=value.dtype.torch), size, [ChunkStorageMetadata(zeros, size)]
+                    TensorProperties(dtype=entry.dtype.torch), size, [ChunkStorageMetadata(zeros, size)]
                 )
             else:
                 sdm[fqn] = BytesStorageMetadata()
@@ -176,9 +176,10 @@ class TorchSaveReader(StorageReader):
         return region.reshape(-1).view(torch.uint8) if region.numel() else torch.empty(0, dtype=torch.uint8)
 
     def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
-        if self._file is None:  # read_metadata ran on another instance or reset() was called
+        if self._ckpt is None:  # read_metadata ran on another instance or reset() was called
             self._build_metadata()
-        assert self._file is not None
+        ckpt = self._ckpt
+        assert ckpt is not None
         by_fqn: dict[str, list[tuple[int, int, Any]]] = {}
         for r, items in enumerate(plans):
             for k, item in enumerate(items):
@@ -190,8 +191,7 @@ class TorchSaveReader(StorageReader):
                 requests = by_fqn.get(fqn)
                 if not requests:
                     continue
-                value = self._values[fqn]  # one tensor in memory at a time
-                full = materialize(value) if isinstance(value, TensorRef) else map_tensors(value, materialize)
+                full = ckpt.read_value(fqn)  # one tensor in memory at a time
                 for r, k, item in requests:
                     payload = self._payload(fqn, item, full)
                     if r == me:
@@ -203,7 +203,6 @@ class TorchSaveReader(StorageReader):
                     pending[r] -= 1
                     del payload
                 del full  # before the next tensor is read: one whole tensor in memory at a time
-                self._file.release()
         except Exception as e:
             note = f"{type(e).__name__}\n{e}".encode()[:4000]
             for r, left in pending.items():
@@ -246,3 +245,6 @@ def _dtype_of(planner: LoadPlanner, item: ReadItem) -> torch.dtype:
     if not isinstance(tmd, TensorStorageMetadata):
         raise DCPStudioError(f"no tensor metadata for {item.storage_index.fqn}")
     return tmd.properties.dtype
+
+
+TorchSaveReader = CheckpointReader  # the name of the first version, which read torch.save only
