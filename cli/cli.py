@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating-point tensors")
     p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
+    p.add_argument("--files", type=int, metavar="N", help="DCP: spread the data over N files")
+    p.add_argument("--max-file-size", metavar="SIZE", help="DCP: data files of at most SIZE (5GB, 500MiB)")
     for name, text in (
         ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
         ("dcp_to_torch", "DCP directory -> torch.save file (format_utils' argument order)"),
@@ -166,6 +168,8 @@ def _run_convert(args: argparse.Namespace) -> int:
                 max_shard_size=args.max_shard_size,
                 dtype=args.dtype,
                 strip_prefix=args.strip_prefix,
+                files=args.files,
+                max_file_size=args.max_file_size,
                 **options,
             )
     finally:

@@ -136,8 +136,18 @@ def write_torch_save_output(
         raise io_error(dst, e) from e
 
 
-def write_dcp_output(dst: Path, overwrite: bool, items: Sequence[DCPItem], reporter: Reporter, label: str) -> None:
-    """Write ``items`` as a single-process DCP checkpoint at ``dst``."""
+def write_dcp_output(
+    dst: Path,
+    overwrite: bool,
+    items: Sequence[DCPItem],
+    reporter: Reporter,
+    label: str,
+    *,
+    files: int | None = None,
+    max_file_size: int | None = None,
+) -> None:
+    """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
+    files of at most ``max_file_size``; one by default)."""
 
     def payload(t: TensorRef) -> Payload:
         reporter.check()
@@ -148,7 +158,16 @@ def write_dcp_output(dst: Path, overwrite: bool, items: Sequence[DCPItem], repor
 
     try:
         with atomic_output(dst, overwrite=overwrite) as tmp:
-            write_dcp(tmp, items, payload, checkpoint_id=str(dst), on_item=on_item, label=label)
+            write_dcp(
+                tmp,
+                items,
+                payload,
+                checkpoint_id=str(dst),
+                on_item=on_item,
+                label=label,
+                files=files,
+                max_file_size=max_file_size,
+            )
     except OSError as e:
         raise io_error(dst, e) from e
 

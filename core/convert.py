@@ -36,7 +36,8 @@ from .dtypes import DTYPES, DType
 from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
-from .inspect import ROOT_KEY, VALUES_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
+from .formats.values import ENCODING, ENCODING_KEY, VALUES_KEY, NotStorable, encode_value
+from .inspect import ROOT_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
 from .model import refuse_expanded
 from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -144,26 +145,34 @@ def _to_torch(
     write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names)
 
 
-def _to_dcp(ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter) -> None:
+def _to_dcp(
+    ckpt: Checkpoint,
+    plan: list[_Entry],
+    dst: Path,
+    overwrite: bool,
+    reporter: Reporter,
+    files: int | None,
+    max_file_size: int | None,
+) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    write_dcp_output(dst, overwrite, items, reporter, str(ckpt.path))
+    write_dcp_output(dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size)
 
 
 def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """The JSON to store for the JSON-able values (None if none or too large) and the names left out."""
+    """The tagged JSON to store for the values that can be (None if none, or too large), and the
+    names left out."""
     stored: dict[str, Any] = {}
     dropped = []
     for fqn, value in values.items():
         try:
-            json.dumps(value, allow_nan=False)
-            stored[fqn] = value
-        except (TypeError, ValueError):
+            stored[fqn] = encode_value(value)
+        except NotStorable:
             dropped.append(fqn)
-    text = json.dumps(stored, allow_nan=False) if stored else None
+    text = json.dumps(stored) if stored else None
     if text is not None and len(text) > _MAX_STORED_VALUES:
         return None, sorted(values)
     return text, dropped
@@ -208,6 +217,7 @@ def _to_safetensors(
     metadata = {"format": "pt"}
     if stored_json is not None:
         metadata[VALUES_KEY] = stored_json
+        metadata[ENCODING_KEY] = ENCODING
     shards: list[list[tuple[str, TensorRef]]] = [[]]
     size = 0
     for name, t in tensors:
@@ -235,13 +245,16 @@ def convert(
     max_shard_size: int | str | None = None,
     dtype: Literal["bf16", "fp16", "fp32"] | None = None,
     strip_prefix: str | None = None,
+    files: int | None = None,
+    max_file_size: int | str | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
     searched in fully-qualified names); ``dtype`` casts floating tensors. For safetensors targets,
     ``max_shard_size`` (bytes, or "5GB") writes shards plus ``model.safetensors.index.json`` into
     the directory ``dst`` (as does a ``dst`` ending in a path separator), and ``strip_prefix``
-    drops a prefix from names."""
+    drops a prefix from names. For DCP targets, ``files`` spreads the data over that many files
+    and ``max_file_size`` keeps each file under a size (one file by default)."""
     src_p, dst_p = Path(src), Path(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = detect_format(src_p)
@@ -250,6 +263,11 @@ def convert(
         raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
     if target != "safetensors" and (max_shard_size is not None or strip_prefix is not None):
         raise ValueError("--max-shard-size and --strip-prefix apply to --to safetensors only")
+    if target != "dcp" and (files is not None or max_file_size is not None):
+        raise ValueError("--files and --max-file-size apply to --to dcp only")
+    if files is not None and files < 1:
+        raise ValueError("files must be at least 1")
+    file_limit = parse_size(max_file_size) if isinstance(max_file_size, str) else max_file_size
     if dtype is not None and dtype not in _CASTS:
         raise ValueError(f"unknown dtype {dtype!r} (expected bf16, fp16 or fp32)")
     shard_limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
@@ -271,7 +289,7 @@ def convert(
             whole = len(plan) == len(ckpt.entries) and cast is None
             _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit)
         else:
             notes = _to_safetensors(
                 ckpt,

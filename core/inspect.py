@@ -32,6 +32,7 @@ from .formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_ite
 from .formats.detect import TORCH_INDEX_SUFFIXES, Format, detect_format
 from .formats.safetensors import SafetensorsTensor, read_safetensors_index
 from .formats.torchsave import TorchSaveFile
+from .formats.values import decode_values
 from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name, refuse_expanded, relative
 
 if TYPE_CHECKING:
@@ -676,23 +677,6 @@ def _index_files(index: Path) -> list[Path]:
     return [member_path(index.parent, name, "shard named by the index") for name in names]
 
 
-VALUES_KEY = "dcpstudio.values"
-
-
-def _stored_values(meta: dict[str, str], path: Path) -> dict[str, Any]:
-    """Non-tensor values DCP Studio stored as JSON in a safetensors header (see export)."""
-    raw = meta.get(VALUES_KEY)
-    if raw is None:
-        return {}
-    try:
-        values = json.loads(raw)
-    except ValueError as e:
-        raise CorruptCheckpointError(f"{path}: damaged {VALUES_KEY} metadata ({e})") from e
-    if not isinstance(values, dict):
-        raise CorruptCheckpointError(f"{path}: {VALUES_KEY} metadata is not a JSON object")
-    return values
-
-
 class SafetensorsCheckpoint(Checkpoint):
     """One safetensors file, a directory of shards, or torch's distributed HF layout -- each file
     holding each rank's shard of a tensor under its full name, placed by ``DCP_SHARDING_INFO`` --
@@ -710,7 +694,7 @@ class SafetensorsCheckpoint(Checkpoint):
             entries[name] = self._entry(path, name, found)
         self._parts = parts
         for file_meta in info.get("metadata", {}).values():
-            for fqn, value in _stored_values(file_meta, path).items():
+            for fqn, value in decode_values(file_meta, str(path)).items():
                 entries.setdefault(fqn, Entry(fqn, "object", value=value))
         super().__init__(path, entries, info)
         root = path if path.is_dir() else path.parent

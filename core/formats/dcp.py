@@ -199,6 +199,33 @@ def chunk_view(f: IO[bytes], offset: int, length: int) -> FileView:
 
 
 # -- writing ---------------------------------------------------------------------------------------
+def split_files(
+    items: Sequence[Any], sizes: Sequence[int], files: int | None, max_file_size: int | None
+) -> list[list[Any]]:
+    """Consecutive groups of ``items``: one, ``files`` of about equal total size, or each at most
+    ``max_file_size`` (an item larger than that alone)."""
+    if files is None and max_file_size is None:
+        return [list(items)]
+    limit = max_file_size if max_file_size is not None else -(-sum(sizes) // max(1, files or 1))
+    groups: list[list[Any]] = [[]]
+    size = 0
+    for item, n in zip(items, sizes, strict=True):
+        room = files is None or len(groups) < files
+        if groups[-1] and size + n > limit and room and size > 0:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    return groups
+
+
+def _close_synced(f: Any) -> None:
+    if f is not None:
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+
+
 @dataclass(frozen=True)
 class DCPItem:
     """One entry of a DCP checkpoint to write: a tensor (stored as one whole chunk) or a value
@@ -230,15 +257,23 @@ def write_dcp(
     checkpoint_id: str,
     on_item: Callable[[DCPItem], None],
     label: str,
+    files: int | None = None,
+    max_file_size: int | None = None,
 ) -> None:
     """Write ``items`` as a DCP checkpoint into the new directory ``directory``: values first,
     then tensors (as torch's writer orders them), each tensor's bytes from ``payload(tensor)`` --
     computed for the next tensor on a helper thread while the current one is written. Calls
-    ``on_item`` after each item (it may raise to cancel). Every file is fsynced."""
+    ``on_item`` after each item (it may raise to cancel). Every file is fsynced.
+
+    The items go to one data file, or are spread in order over ``files`` data files of about equal
+    size, or over as many as needed to keep each under ``max_file_size`` (a tensor larger than that
+    gets a file of its own: chunks stay whole)."""
     directory.mkdir()
-    file_name = "__0_0.distcp"
     values = [i for i in items if i.tensor is None]
     tensors = [i for i in items if i.tensor is not None]
+    order = [*values, *tensors]
+    groups = split_files(order, [i.tensor.nbytes if i.tensor else 0 for i in order], files, max_file_size)
+    file_of = {id(item): f"__0_{k}.distcp" for k, group in enumerate(groups) for item in group}
     storage_data: dict[Any, Any] = {}
     state_dict_metadata: dict[str, Any] = {}
 
@@ -247,8 +282,13 @@ def write_dcp(
             return write_archive(item.value)
         return payload(item.tensor)
 
-    with open(directory / file_name, "wb") as f:
-        for item, data in prefetch(produce, [*values, *tensors]):
+    f: Any = None
+    try:
+        for item, data in prefetch(produce, order):
+            file_name = file_of[id(item)]
+            if f is None or f.name != str(directory / file_name):
+                _close_synced(f)
+                f = open(directory / file_name, "wb")  # noqa: SIM115 - closed below or on error
             offset = f.tell()
             t = item.tensor
             if t is None or isinstance(data, bytes):
@@ -269,8 +309,11 @@ def write_dcp(
                 length=f.tell() - offset,
             )
             on_item(item)
-        f.flush()
-        os.fsync(f.fileno())
+        _close_synced(f)
+        f = None
+    finally:
+        if f is not None:
+            f.close()
     for item in items:
         t = item.tensor
         if t is None:
