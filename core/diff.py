@@ -125,6 +125,7 @@ def diff(
     cancel: CancelToken | None = None,
 ) -> DiffReport:
     """Compare ``a`` with ``b``; tensors within ``|a - b| <= atol + rtol * |b|`` are equal."""
+    a.tree, b.tree  # noqa: B018 - the whole structure, checked (a DCP's storage index too), before any value
     report = DiffReport(str(a.path), str(b.path))
     report.only_a = [k for k in a.entries if k not in b.entries]
     report.only_b = [k for k in b.entries if k not in a.entries]

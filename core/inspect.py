@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any
 
 from ._files import member_path, open_member, open_regular, read_regular
@@ -467,7 +468,6 @@ class DCPCheckpoint(Checkpoint):
     @_damaged_metadata
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         import torch
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
         from torch.distributed.checkpoint.metadata import (
             ChunkStorageMetadata,
             MetadataIndex,
@@ -495,8 +495,11 @@ class DCPCheckpoint(Checkpoint):
         )
         reader = DCPReader(self.path, trust_pickle=self._trust)
         reader.storage_data = {
-            MetadataIndex(fqn, torch.Size(c.offsets)): _StorageInfo(
-                c.file or "", c.offset or 0, c.length or 0, self._descriptors(fqn, c.offsets)
+            MetadataIndex(fqn, torch.Size(c.offsets)): SimpleNamespace(  # what DCPReader reads of an info
+                relative_path=c.file or "",
+                offset=c.offset or 0,
+                length=c.length or 0,
+                transform_descriptors=self._descriptors(fqn, c.offsets),
             )
             for c in chunks
         }

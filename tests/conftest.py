@@ -84,6 +84,28 @@ def rich_pt(tmp_path: Path) -> Path:
     return path
 
 
+def _single_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``dcp.save``/``dcp.load`` in one process: ``no_dist=True`` where torch has it (2.7+); older
+    releases decide that by themselves when no process group exists."""
+    import inspect
+
+    if "no_dist" in inspect.signature(fn).parameters:
+        kwargs.setdefault("no_dist", True)
+    return fn(*args, **kwargs)
+
+
+def dcp_save(state: Any, **kwargs: Any) -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return _single_process(dcp.save, state, **kwargs)
+
+
+def dcp_load(state: Any, **kwargs: Any) -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return _single_process(dcp.load, state, **kwargs)
+
+
 def leftovers(directory: Path) -> list[str]:
     """Hidden temporaries our atomic writer might have left."""
     return sorted(p.name for p in directory.iterdir() if ".dcpstudio-tmp-" in p.name)

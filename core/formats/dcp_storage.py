@@ -51,9 +51,15 @@ from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedForma
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
 from .torchsave import write_tensor_archive
 
-__all__ = ["DCPReader", "DCPWriter", "read_metadata", "unwrap_error"]
+__all__ = ["DCPReader", "DCPWriter", "read_metadata", "storage_info", "unwrap_error"]
 
 _VALUE_LIMIT = 256 << 20  # a compressed non-tensor value never decompresses to more
+
+
+def storage_info(relative_path: str, offset: int, length: int) -> Any:
+    """torch's private ``_StorageInfo``, built by keyword: its fields grew over releases (2.6 has
+    no ``transform_descriptors``), so it is never called positionally."""
+    return _StorageInfo(relative_path=relative_path, offset=offset, length=length)
 
 
 def unwrap_error(error: BaseException) -> BaseException:
@@ -305,7 +311,7 @@ class DCPWriter(FileSystemWriter):
                     WriteResult(
                         index=item.index,
                         size_in_bytes=length,
-                        storage_data=_StorageInfo(file_name, offset, length),
+                        storage_data=storage_info(file_name, offset, length),
                     )
                 )
                 if self.on_item is not None:

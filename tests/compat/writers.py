@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tests.conftest import dcp_load, dcp_save
+
 
 def has(module: str, name: str) -> bool:
     import importlib
@@ -66,9 +68,16 @@ def _fsdp2_worker(rank: int, world: int, report: Any, out: str, threads: int, us
 
 
 def fsdp2_adamw(out: Path, *, threads: int = 2, use_async: bool = True) -> Path:
-    from dcpstudio.core.launch import launch
+    from dcpstudio.core.launch import LaunchError, launch
 
-    launch(_fsdp2_worker, (str(out), threads, use_async), nprocs=2, timeout=240)
+    try:
+        launch(_fsdp2_worker, (str(out), threads, use_async), nprocs=2, timeout=240)
+    except LaunchError as e:
+        if "record_event" in str(e):  # FSDP2 on CPU and gloo needs torch >= 2.7
+            import pytest
+
+            pytest.skip(f"this torch ({torch.__version__}) cannot run FSDP2 on CPU: {e}")
+        raise
     return out
 
 
@@ -95,34 +104,29 @@ def hf_distributed(out: Path) -> Path:
 
 
 def hf_single(out: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     names = list(full_tensors())
     mapping = {name: 1 + i % 2 for i, name in enumerate(names)}
-    dcp.save(
-        full_tensors(), storage_writer=HuggingFaceStorageWriter(str(out), fqn_to_index_mapping=mapping), no_dist=True
-    )
+    dcp_save(full_tensors(), storage_writer=HuggingFaceStorageWriter(str(out), fqn_to_index_mapping=mapping))
     return out
 
 
 def safetensors_serialized_dcp(out: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import SerializationFormat
 
     state = {"model": full_tensors(), "step": 4, "betas": (0.9, 0.95)}
     writer = FileSystemWriter(str(out), serialization_format=SerializationFormat.SAFETENSORS)
-    dcp.save(state, storage_writer=writer, no_dist=True)
+    dcp_save(state, storage_writer=writer)
     torch.save(state, out.with_name("reference.pt"))
     return out
 
 
 def read_hf_with_torch(path: Path) -> dict[str, torch.Tensor]:
     """What torch's HuggingFaceStorageReader loads: full tensors, in one process."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     sd = {k: torch.empty_like(v) for k, v in full_tensors().items()}
-    dcp.load(sd, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=True)
+    dcp_load(sd, storage_reader=HuggingFaceStorageReader(str(path)))
     return sd

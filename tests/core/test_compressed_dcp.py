@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from dcpstudio.core import convert, diff, open_checkpoint
-from tests.conftest import assert_same
+from tests.conftest import assert_same, dcp_save
 
 zstd = pytest.importorskip("torch.distributed.checkpoint._extension")
 
@@ -21,7 +20,7 @@ def compressed(tmp_path: Path) -> Path:
         pytest.fail("zstandard is a test dependency: pip install -e '.[test]'")
     sd = {"model": {"w": torch.arange(1000.0).reshape(100, 10), "b": torch.ones(5).bfloat16()}, "step": 4}
     path = tmp_path / "zdcp"
-    dcp.save(sd, storage_writer=FileSystemWriter(path, _extensions=[zstd.ZStandard()]), no_dist=True)
+    dcp_save(sd, storage_writer=FileSystemWriter(path, _extensions=[zstd.ZStandard()]))
     return path
 
 

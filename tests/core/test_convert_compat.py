@@ -6,11 +6,10 @@ import zipfile
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import format_utils
 
 from dcpstudio.core import dcp_to_torch_save, torch_save_to_dcp
-from tests.conftest import assert_same, rich_state_dict
+from tests.conftest import assert_same, dcp_load, rich_state_dict
 
 
 def test_torch_to_dcp_is_read_by_torch_and_dcp_load(rich_pt: Path, tmp_path: Path) -> None:
@@ -22,7 +21,7 @@ def test_torch_to_dcp_is_read_by_torch_and_dcp_load(rich_pt: Path, tmp_path: Pat
     assert_same(rich_state_dict(), back)
 
     target = {"model": {k: torch.empty_like(v) for k, v in rich_state_dict()["model"].items()}}
-    dcp.load(target, checkpoint_id=tmp_path / "ours_dcp", no_dist=True)
+    dcp_load(target, checkpoint_id=tmp_path / "ours_dcp")
     assert_same(rich_state_dict()["model"], target["model"])
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from dcpstudio.core import UnsafePickleError, open_checkpoint, torch_save_to_dcp
 from tests import _ranks
-from tests.conftest import rich_state_dict
+from tests.conftest import dcp_save, rich_state_dict
 
 
 def _bytes_at(path: Path, offset: int, nbytes: int) -> bytes:
@@ -134,9 +134,8 @@ def test_hostile_inputs_run_nothing_when_inspected(tmp_path: Path) -> None:
     torch.save({"w": torch.ones(2), "x": Evil()}, tmp_path / "e.pt")
     with pytest.raises(UnsafePickleError):
         open_checkpoint(tmp_path / "e.pt")
-    import torch.distributed.checkpoint as dcp
 
-    dcp.save({"w": torch.ones(2), "x": Evil()}, checkpoint_id=tmp_path / "d", no_dist=True)
+    dcp_save({"w": torch.ones(2), "x": Evil()}, checkpoint_id=tmp_path / "d")
     with open_checkpoint(tmp_path / "d") as ckpt:  # the structure opens; the value is refused
         assert ckpt.entries["x"].kind == "bytes"
         with pytest.raises(UnsafePickleError):
@@ -161,10 +160,8 @@ def test_large_metadata_opens_without_its_storage_index_then_loads_it(
     for fqn in full.entries:
         assert head.chunks(fqn) == full.chunks(fqn)
 
-    import torch.distributed.checkpoint as dcp
-
     tricky = {"storage_data": torch.arange(6.0), "planner_data": {"storage_data": 3}, "x": torch.ones(2)}
-    dcp.save(tricky, checkpoint_id=tmp_path / "tricky", no_dist=True)
+    dcp_save(tricky, checkpoint_id=tmp_path / "tricky")
     with open_checkpoint(tmp_path / "tricky") as ckpt:
         assert set(ckpt.entries) == {"storage_data", "planner_data.storage_data", "x"}
         assert torch.equal(ckpt.read_tensor("storage_data"), torch.arange(6.0))

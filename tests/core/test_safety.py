@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dcpstudio.core import (
@@ -19,7 +18,7 @@ from dcpstudio.core import (
     torch_save_to_dcp,
 )
 from dcpstudio.core.formats.dcp_storage import unwrap_error as _unwrap
-from tests.conftest import assert_same, leftovers
+from tests.conftest import assert_same, dcp_load, dcp_save, leftovers
 
 
 class Payload:
@@ -56,7 +55,7 @@ def test_trust_pickle_is_an_explicit_opt_in(tmp_path: Path, marker: Path) -> Non
 
 def _hostile_metadata_dir(tmp_path: Path, marker: Path) -> Path:
     ckpt = tmp_path / "ckpt"
-    dcp.save({"w": torch.ones(4)}, checkpoint_id=ckpt, no_dist=True)
+    dcp_save({"w": torch.ones(4)}, checkpoint_id=ckpt)
     md = read_metadata(ckpt)
     md.planner_data = {"w": ("w",), "x": Payload(marker)}  # type: ignore[dict-item]
     (ckpt / ".metadata").write_bytes(pickle.dumps(md))
@@ -76,7 +75,7 @@ def test_hostile_metadata_is_refused(tmp_path: Path, marker: Path) -> None:
 
 def test_hostile_metadata_global_is_named(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    dcp.save({"w": torch.ones(4)}, checkpoint_id=ckpt, no_dist=True)
+    dcp_save({"w": torch.ones(4)}, checkpoint_id=ckpt)
     # a pickle that only imports os.system (GLOBAL opcode) must already be refused
     (ckpt / ".metadata").write_bytes(b"\x80\x02cos\nsystem\nq\x00.")
     with pytest.raises(UnsafePickleError, match=r"'os\.system'"):
@@ -85,7 +84,7 @@ def test_hostile_metadata_global_is_named(tmp_path: Path) -> None:
 
 def test_hostile_byte_item_is_refused(tmp_path: Path, marker: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    dcp.save({"w": torch.ones(4), "extra": Payload(marker)}, checkpoint_id=ckpt, no_dist=True)
+    dcp_save({"w": torch.ones(4), "extra": Payload(marker)}, checkpoint_id=ckpt)
     assert not marker.exists()
     with pytest.raises(UnsafePickleError, match="extra"):
         dcp_to_torch_save(ckpt, tmp_path / "out.pt")
@@ -101,12 +100,12 @@ def test_safe_planner_protects_dcp_load(tmp_path: Path, marker: Path) -> None:
     from dcpstudio.core import SafeLoadPlanner
 
     ckpt = tmp_path / "ckpt"
-    dcp.save({"w": torch.ones(4), "extra": Payload(marker)}, checkpoint_id=ckpt, no_dist=True)
+    dcp_save({"w": torch.ones(4), "extra": Payload(marker)}, checkpoint_id=ckpt)
     target = {"w": torch.zeros(4), "extra": None}
     with pytest.raises(CheckpointException) as info:
-        dcp.load(target, storage_reader=DCPReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+        dcp_load(target, storage_reader=DCPReader(ckpt), planner=SafeLoadPlanner())
     assert isinstance(_unwrap(info.value), UnsafePickleError)
     assert not marker.exists()
     # torch's own planner would have run it: that is what SafeLoadPlanner is for
-    dcp.load(target, storage_reader=DCPReader(ckpt), planner=SafeLoadPlanner(trust_pickle=True), no_dist=True)
+    dcp_load(target, storage_reader=DCPReader(ckpt), planner=SafeLoadPlanner(trust_pickle=True))
     assert marker.exists()

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from dcpstudio.core import (
     DCPStudioError,
@@ -23,7 +22,7 @@ from dcpstudio.core import (
     read_metadata,
     torch_save_to_dcp,
 )
-from tests.conftest import leftovers
+from tests.conftest import dcp_save, leftovers
 
 
 def _payloads(marker: Path) -> dict[str, bytes]:
@@ -61,13 +60,13 @@ def _torch_with_pickle(path: Path, pkl: bytes) -> None:
 
 
 def _dcp_with_metadata(path: Path, pkl: bytes) -> None:
-    dcp.save({"w": torch.ones(3)}, checkpoint_id=path, no_dist=True)
+    dcp_save({"w": torch.ones(3)}, checkpoint_id=path)
     (path / ".metadata").write_bytes(pkl)
 
 
 def _dcp_with_byte_item(path: Path, pkl: bytes) -> None:
     """A DCP whose non-tensor value is a torch.save archive around the hostile pickle."""
-    dcp.save({"w": torch.ones(3), "v": "x"}, checkpoint_id=path, no_dist=True)
+    dcp_save({"w": torch.ones(3), "v": "x"}, checkpoint_id=path)
     md = read_metadata(path)
     (key,) = [k for k in md.storage_data if k.fqn == "v"]
     info = md.storage_data[key]
