@@ -106,3 +106,30 @@ def test_dcp_serialized_as_safetensors(tmp_path: Path) -> None:
     assert_same(reference, back)
     assert back["betas"] == (0.9, 0.95)
     _through_every_format(ckpt, tmp_path)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_transformers_save_pretrained(tmp_path: Path, tied: bool) -> None:
+    """transformers' sharded output (safetensors; .bin shards with pytorch_model.bin.index.json from
+    4.x), when transformers is installed (it is not a test dependency)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=tied,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    reference = {k: v.detach() for k, v in model.state_dict().items()}
+    layouts = [("safetensors", {})]
+    if int(transformers.__version__.split(".")[0]) < 5:
+        layouts.append(("bin", {"safe_serialization": False}))
+    for name, options in layouts:
+        out = tmp_path / name
+        model.save_pretrained(out, max_shard_size="20KB", **options)
+        with open_checkpoint(out) as ckpt:
+            saved = {k for k, e in ckpt.entries.items() if e.kind == "tensor"}
+            assert saved <= set(reference) and len(saved) >= len(reference) - 1  # a tied head is saved once
+            for fqn in saved:
+                assert torch.equal(ckpt.read_tensor(fqn), reference[fqn]), fqn
+        (tmp_path / f"conv_{name}").mkdir()
+        _through_every_format(out, tmp_path / f"conv_{name}")
