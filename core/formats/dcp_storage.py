@@ -44,8 +44,9 @@ from torch.futures import Future
 
 from .._files import member_path, open_member, read_regular
 from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
-from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata, get_layout
+from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
 from .._pipeline import prefetch
+from .._stand_ins import get_layout
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk

@@ -148,7 +148,7 @@ def test_large_metadata_opens_without_its_storage_index_then_loads_it(
 ) -> None:
     """The head-only parse (used for big .metadata files) gives the same model as a full parse,
     even when a tensor is itself named like the metadata field that is cut at."""
-    from dcpstudio.core import inspect as inspect_mod
+    from dcpstudio.core.checkpoints import dcp as inspect_mod
 
     full = open_checkpoint(multirank_dcp)
     monkeypatch.setattr(inspect_mod, "_HEAD_ONLY_ABOVE", 0)

@@ -1,0 +1,18 @@
+"""One module per kind of checkpoint, each behind the :class:`~.base.Checkpoint` model."""
+
+from __future__ import annotations
+
+from .base import ROOT_KEY, Checkpoint, Region
+from .dcp import DCPCheckpoint
+from .safetensors import SafetensorsCheckpoint
+from .torchsave import TorchCheckpoint, torch_index
+
+__all__ = [
+    "ROOT_KEY",
+    "Checkpoint",
+    "DCPCheckpoint",
+    "Region",
+    "SafetensorsCheckpoint",
+    "TorchCheckpoint",
+    "torch_index",
+]

@@ -1,0 +1,170 @@
+"""torch.save files -- one, or a directory of shards with ``pytorch_model.bin.index.json`` -- as a
+:class:`~.base.Checkpoint`: tensors are the file's own views (:class:`TensorRef`), values its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+from .._files import member_path, read_regular
+from .._io import read_exact
+from .._refs import TensorRef
+from .._tensor_io import materialize
+from .._tree import flatten_state_dict
+from ..errors import CorruptCheckpointError
+from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
+from ..formats.torchsave import TorchSaveFile
+from ..model import Chunk, Entry, refuse_expanded, relative
+from .base import ROOT_KEY, Checkpoint, Region, _box
+
+__all__ = ["TorchCheckpoint", "torch_index"]
+
+
+class TorchCheckpoint(Checkpoint):
+    """A torch.save file -- or a directory of them with an index (``pytorch_model.bin.index.json``,
+    as transformers shards large models), whose flat state dicts are read as one."""
+
+    format: Format = "torch"
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        index = torch_index(path)
+        files = _index_files(index) if index is not None else [path]
+        self._files: list[TorchSaveFile] = []
+        self._file_of: dict[str, TorchSaveFile] = {}
+        self._values: dict[str, Any] = {}
+        self._paths: dict[str, tuple[str | int, ...]] = {}
+        try:
+            for file in files:
+                self._add(file, trust_pickle, sharded=index is not None)
+        except BaseException:
+            self.close()
+            raise
+        entries: dict[str, Entry] = {}
+        by_storage: dict[tuple[int, str], list[str]] = {}
+        for fqn, value in self._values.items():
+            if isinstance(value, TensorRef):
+                key = value.storage.key if value.storage is not None else None
+                entries[fqn] = Entry(
+                    fqn,
+                    "tensor",
+                    value.dtype,
+                    value.shape,
+                    storage=key if index is None or key is None else f"{Path(self._file_of[fqn].label).name}/{key}",
+                    storage_offset=value.storage_offset,
+                    stride=value.stride,
+                    stored=value.storage.nbytes if value.storage is not None else 0,
+                )
+                if key is not None:
+                    by_storage.setdefault((id(self._file_of[fqn]), key), []).append(fqn)
+            else:
+                entries[fqn] = Entry(fqn, "object", value=value)
+        for names in by_storage.values():
+            if len(names) > 1:
+                for name in names:
+                    entries[name].shared_with = tuple(n for n in names if n != name)
+        info = {"format": self._files[0].format if self._files else "torch-zip"}
+        if index is not None:
+            info["index"] = str(index)
+        super().__init__(path, entries, info)
+
+    def _add(self, file: Path, trust: bool, *, sharded: bool) -> None:
+        tsf = TorchSaveFile(file, trust_pickle=trust)
+        self._files.append(tsf)
+        obj = tsf.obj
+        if sharded and not isinstance(obj, dict):
+            raise CorruptCheckpointError(f"{file}: a shard holds a {type(obj).__name__}, not a state dict")
+        try:
+            flat, paths = (
+                flatten_state_dict(obj) if isinstance(obj, dict) else ({ROOT_KEY: obj}, {ROOT_KEY: (ROOT_KEY,)})
+            )
+        except (ValueError, RecursionError) as e:
+            raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
+        for fqn, value in flat.items():
+            if fqn in self._values:
+                raise CorruptCheckpointError(f"{file}: {fqn!r} is also in {Path(self._file_of[fqn].label).name}")
+            self._values[fqn] = value
+            self._paths[fqn] = paths[fqn]
+            self._file_of[fqn] = tsf
+
+    def paths(self) -> dict[str, tuple[str | int, ...]]:
+        return dict(self._paths)
+
+    @property
+    def obj(self) -> Any:
+        """The whole object a single file holds (tensors as :class:`TensorRef`); None for shards."""
+        return self._files[0].obj if len(self._files) == 1 and "index" not in self.info else None
+
+    def chunks(self, fqn: str) -> list[Chunk]:
+        entry = self.entry(fqn)
+        if entry.kind != "tensor":
+            return []
+        t = self._values[fqn]
+        if t.storage is None:
+            return []
+        file = self._file_of[fqn]
+        offset, size = file.location(t.storage)
+        data = offset + t.byte_offset if t.is_contiguous() else None
+        shape = entry.shape or ()
+        return [Chunk((0,) * len(shape), shape, relative(Path(file.label), self.path), offset, size, data)]
+
+    def tensor_ref(self, fqn: str) -> TensorRef:
+        self.tensor_entry(fqn)
+        ref: TensorRef = self._values[fqn]
+        return ref
+
+    def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
+        import torch
+
+        from .._io import tensor_buffer
+
+        entry = self.tensor_entry(fqn)
+        offsets, sizes = _box(entry, region)
+        t = self.tensor_ref(fqn).narrow(offsets, sizes)
+        refuse_expanded(entry, self.label, "read", t.nbytes)
+        file = self._file_of[fqn]
+        where = file.view_range(t)
+        if where is not None:  # contiguous and in place: read just its bytes, straight into the tensor
+            out = torch.empty(t.shape, dtype=t.dtype.torch)
+            if out.numel():
+                read_exact(file.file, where.offset, tensor_buffer(out), file.label)
+            return out
+        full = materialize(t)
+        file.release()
+        return full.clone(memory_format=torch.contiguous_format)
+
+    def read_object(self, fqn: str) -> Any:
+        return self._values[self.entry(fqn).fqn]
+
+    def read_value(self, fqn: str) -> Any:
+        out = super().read_value(fqn)
+        for file in self._files:
+            file.release()
+        return out
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()
+
+
+def torch_index(path: Path) -> Path | None:
+    """The index of a directory of torch.save shards (``pytorch_model.bin.index.json``), if ``path``
+    is one (or is the index itself)."""
+    if path.is_file():
+        return path if path.name.endswith(TORCH_INDEX_SUFFIXES) else None
+    if not path.is_dir():
+        return None
+    found = sorted(p for p in path.iterdir() if p.name.endswith(TORCH_INDEX_SUFFIXES))
+    return found[0] if found else None
+
+
+def _index_files(index: Path) -> list[Path]:
+    try:
+        data = json.loads(read_regular(index, 100 << 20))
+        names = sorted(set(data["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{index}: damaged index ({type(e).__name__}: {e})") from e
+    return [member_path(index.parent, name, "shard named by the index") for name in names]
