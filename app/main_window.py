@@ -7,22 +7,20 @@ thread only builds widgets from results. Dialogs go through :meth:`choose_destin
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QItemSelection, QModelIndex, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
-    QHeaderView,
     QLabel,
-    QLineEdit,
     QMainWindow,
     QMessageBox,
     QSplitter,
     QTabWidget,
-    QTreeView,
     QVBoxLayout,
     QWidget,
 )
@@ -39,36 +37,24 @@ from dcpstudio.core import (
     tensor_stats,
 )
 from dcpstudio.core.load import run_load
+from dcpstudio.core.model import printable
 from dcpstudio.core.report import diff_text, human_bytes
 
+from .jobs import JobBoard
 from .notify import Notifier
 from .settings import Settings
-from .tree_model import NODE_ROLE, CheckpointTreeModel, NameFilterProxy
+from .tree_model import CheckpointTreeModel
 from .widgets.convert_panel import ConvertPanel, dropped_paths
-from .widgets.details import DetailsPanel
+from .widgets.details import DetailsPanel, preview_values
 from .widgets.file_browser import FileBrowser
 from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
+from .widgets.tree_pane import TreePane
 from .workers import Job
 
 __all__ = ["MainWindow"]
 
 _SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
-_PREVIEW = 12
-
-
-def _preview_values(ckpt: Checkpoint, fqn: str) -> Any:
-    entry = ckpt.entries[fqn]
-    if entry.kind != "tensor":
-        return ckpt.read_value(fqn)
-    shape = entry.shape or ()
-    region = [slice(0, _PREVIEW if i < 2 else 1) for i in range(len(shape))]
-    t = ckpt.read_tensor(fqn, region)
-    if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16 and fp8 print as float32
-        t = t.float()
-    if t.dim() > 2:
-        t = t.reshape(t.shape[0], t.shape[1])
-    return t.tolist()
 
 
 class MainWindow(QMainWindow):
@@ -78,8 +64,8 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.settings = settings or Settings()
         self.ckpt: Checkpoint | None = None
-        self.jobs: dict[str, Job] = {}
-        self._retired: set[Job] = set()  # cancelled jobs whose threads have not ended yet
+        self.board = JobBoard(self, self._job_failed)
+        self.jobs = self.board.jobs
         self.last_result: ConversionResult | None = None
         self.last_diff: DiffReport | None = None
 
@@ -87,35 +73,21 @@ class MainWindow(QMainWindow):
         self.notifier = Notifier(self.message_bar)
         self.browser = FileBrowser(self.settings.last_dir())
         self.browser.activated.connect(lambda index: self.open_path(self.browser.path_at(index)))
-        self.filter_box = QLineEdit()
-        self.filter_box.setPlaceholderText("Filter names…")
-        self.filter_box.setClearButtonEnabled(True)
-        self.filter_box.textChanged.connect(self._apply_filter)
-        self.tree = QTreeView()
-        self.tree.setSortingEnabled(True)
-        self.tree.setUniformRowHeights(True)
-        self.tree.setIndentation(14)
-        self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
-        self.tree.setColumnWidth(0, 280)
-        self.proxy = NameFilterProxy(self)
-        self.model: CheckpointTreeModel | None = None
+        self.tree_pane = TreePane()
+        self.tree_pane.selection_changed.connect(self._selection_changed)
+        self.filter_box, self.tree, self.proxy = self.tree_pane.filter_box, self.tree_pane.view, self.tree_pane.proxy
         self.details = DetailsPanel()
         self.panel = ConvertPanel()
         self.panel.convert_requested.connect(self.convert)
-        self.panel.cancel_requested.connect(lambda: self._cancel("convert"))
+        self.panel.cancel_requested.connect(lambda: self.board.cancel("convert"))
         self.panel.verify_requested.connect(self.verify)
         self.panel.open_result_requested.connect(self._open_result)
 
-        middle = QWidget()
-        mlay = QVBoxLayout(middle)
-        mlay.setContentsMargins(0, 0, 0, 0)
-        mlay.addWidget(self.filter_box)
-        mlay.addWidget(self.tree)
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.details)
         self.load_panel = LoadPanel()
         self.load_panel.load_requested.connect(self.load_on_ranks)
-        self.load_panel.cancel_requested.connect(lambda: self._cancel("load"))
+        self.load_panel.cancel_requested.connect(lambda: self.board.cancel("load"))
         self.actions_tabs = QTabWidget()
         self.actions_tabs.addTab(self.panel, "Convert")
         self.actions_tabs.addTab(self.load_panel, "Load on ranks")
@@ -124,7 +96,7 @@ class MainWindow(QMainWindow):
         right.setStretchFactor(1, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.browser)
-        split.addWidget(middle)
+        split.addWidget(self.tree_pane)
         split.addWidget(right)
         split.setSizes([260, 520, 520])
         central = QWidget()
@@ -185,26 +157,13 @@ class MainWindow(QMainWindow):
         return answer == QMessageBox.StandardButton.Yes
 
     # -- jobs --------------------------------------------------------------------------------------
-    def _start(self, kind: str, fn: Any, on_result: Any, on_done: Any = None) -> Job:
-        """One job per kind: a new one cancels the old, which is kept alive until its thread ends."""
-        old = self.jobs.get(kind)
-        if old is not None and old.running:
-            old.cancel()
-            self._retired.add(old)
-            old.finished.connect(lambda o=old: self._retired.discard(o))
-        job = Job(fn, kind, self)
-        job.result.connect(on_result)
-        job.errored.connect(lambda e, k=kind, j=job: self._job_failed(k, e, j))
-        if on_done is not None:
-            job.finished.connect(on_done)
-        job.progress.connect(lambda p, k=kind: self._job_progress(k, p))
-        self.jobs[kind] = job
-        return job.start()
+    @property
+    def model(self) -> CheckpointTreeModel | None:
+        return self.tree_pane.model
 
-    def _cancel(self, kind: str) -> None:
-        job = self.jobs.get(kind)
-        if job is not None and job.running:
-            job.cancel()
+    def _start(self, kind: str, fn: Any, on_result: Any, on_done: Any = None) -> Job:
+        """One job per kind: a new one cancels the old (see :class:`~.jobs.JobBoard`)."""
+        return self.board.start(kind, fn, on_result, on_done, functools.partial(self._job_progress, kind))
 
     def _job_progress(self, kind: str, p: Any) -> None:
         if kind in ("convert", "verify"):
@@ -278,43 +237,25 @@ class MainWindow(QMainWindow):
         self._start("open", work, self._opened, lambda: self.statusBar().clearMessage())
 
     def _opened(self, ckpt: Checkpoint) -> None:
-        self._cancel("preview")  # it reads the checkpoint about to be closed
+        self.board.cancel("preview")  # it reads the checkpoint about to be closed
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()
-        counts: dict[str, int] = {}
-
-        def chunk_count(fqn: str) -> int | None:
-            if fqn not in counts:
-                try:
-                    counts[fqn] = len(ckpt.chunks(fqn))
-                except Exception:
-                    return None
-            return counts[fqn]
-
-        self.model = CheckpointTreeModel(ckpt.tree, chunk_count, self)
-        self.proxy.setSourceModel(self.model)
-        self.tree.setModel(self.proxy)
-        self.tree.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # file order until a header is clicked
-        self.tree.setColumnWidth(0, 300)
-        self.tree.selectionModel().selectionChanged.connect(self._selection_changed)
-        self._apply_filter(self.filter_box.text())
+        self.tree_pane.show_checkpoint(ckpt)
         self.details.show_summary(ckpt)
         self.settings.add_recent(ckpt.path)
-        self.setWindowTitle(f"DCP Studio — {ckpt.path.name}")
+        self.setWindowTitle(f"DCP Studio — {printable(ckpt.path.name)}")
         self.message_bar.hide()
-
-    def _apply_filter(self, text: str) -> None:
-        self.proxy.set_pattern(text, self.ckpt.tree if self.ckpt is not None else None)
-        if text:
-            self.tree.expandToDepth(2)
 
     # -- selection ---------------------------------------------------------------------------------
     def selected_node(self) -> Node | None:
-        indexes = self.tree.selectionModel().selectedRows() if self.tree.selectionModel() else []
-        return indexes[0].data(NODE_ROLE) if indexes else None
+        return self.tree_pane.selected_node()
 
-    def _selection_changed(self, selected: QItemSelection, deselected: QItemSelection) -> None:
+    def select(self, fqn: str) -> bool:
+        """Select the node whose path is ``fqn`` (expanding its parents); True when found."""
+        return self.tree_pane.select(fqn)
+
+    def _selection_changed(self) -> None:
         node = self.selected_node()
         ckpt = self.ckpt
         if ckpt is None or node is None:
@@ -328,7 +269,7 @@ class MainWindow(QMainWindow):
         fqn = entry.fqn
 
         def work(progress: Any, cancel: Any) -> tuple[str, Any, Any, Any]:
-            values = _preview_values(ckpt, fqn)
+            values = preview_values(ckpt, fqn)
             stats = (
                 tensor_stats(ckpt, fqn, bins=40, progress=progress, cancel=cancel) if entry.kind == "tensor" else None
             )
@@ -345,31 +286,6 @@ class MainWindow(QMainWindow):
             if node is not None:
                 self.details.show_node(self.ckpt, node, chunks)
                 self.details.show_preview(fqn, values, stats)
-
-    def select(self, fqn: str) -> bool:
-        """Select the node whose path is ``fqn`` (expanding its parents); True when found."""
-        if self.model is None:
-            return False
-        parent = QModelIndex()
-        parts = fqn.split(".")
-        found = QModelIndex()
-        for depth in range(len(parts)):
-            path = ".".join(parts[: depth + 1])
-            while self.model.canFetchMore(parent):
-                self.model.fetchMore(parent)
-            found = QModelIndex()
-            for row in range(self.model.rowCount(parent)):
-                idx = self.model.index(row, 0, parent)
-                if self.model.node(idx).path == path:
-                    found = idx
-                    break
-            if not found.isValid():
-                return False
-            parent = found
-        view_index = self.proxy.mapFromSource(found)
-        self.tree.setCurrentIndex(view_index)
-        self.tree.scrollTo(view_index)
-        return True
 
     # -- converting --------------------------------------------------------------------------------
     def convert(self, target: str, src: Path | None = None, dst: Path | None = None) -> Job | None:
@@ -464,12 +380,7 @@ class MainWindow(QMainWindow):
 
     # -- closing -----------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
-        jobs = [*self.jobs.values(), *self._retired]
-        for job in jobs:
-            if job.running:
-                job.cancel()
-        for job in jobs:
-            job.wait(30_000)
+        self.board.stop_all()
         self.settings.set_geometry(self.saveGeometry())
         self.settings.sync()
         if self.ckpt is not None:

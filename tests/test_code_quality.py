@@ -27,16 +27,49 @@ def test_mypy() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_core_imports_no_qt_and_no_app(tmp_path: Path) -> None:
-    """The contract in pyproject.toml, checked on the sources laid out as they are installed."""
+def _installed_layout(tmp_path: Path) -> dict[str, str]:
+    """The sources laid out as they are installed (dcpstudio/{core,app,...}); the environment that
+    imports them from there."""
     pkg = tmp_path / "dcpstudio"
     shutil.copytree(ROOT / "cli", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for sub in ("core", "app"):
         shutil.copytree(ROOT / sub, pkg / sub, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_core_imports_no_qt_and_no_app_and_point_down(tmp_path: Path) -> None:
+    """The contracts in pyproject.toml (core is Qt-free; core's floors import downwards only),
+    checked on the sources laid out as they are installed."""
+    env = _installed_layout(tmp_path)
     beside = Path(sys.executable).with_name("lint-imports")  # the venv's, even when it is not on PATH
     lint_imports = str(beside) if beside.exists() else shutil.which("lint-imports") or "lint-imports"
     result = _run(lint_imports, "--no-cache", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 kept, 0 broken" in result.stdout
+
+
+CYCLES = """
+import grimp
+graph = grimp.build_graph("dcpstudio", include_external_packages=False)
+found = set()
+for module in graph.modules:
+    for imported in graph.find_modules_directly_imported_by(module):
+        related = module.startswith(imported + ".") or imported.startswith(module + ".")
+        if imported != module and not related and graph.chain_exists(importer=imported, imported=module):
+            found.add(" <-> ".join(sorted((module, imported))))
+print("\\n".join(sorted(found)))
+"""
+
+
+def test_no_module_imports_one_that_imports_it_back(tmp_path: Path) -> None:
+    """In core, app and cli: no import cycle, direct or through other modules."""
+    env = _installed_layout(tmp_path)
+    result = _run(sys.executable, "-c", CYCLES, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "", f"import cycles:\n{result.stdout}"
+
+
+def test_modules_stay_a_size_a_reader_can_hold() -> None:
+    sizes = {p: len(p.read_text().splitlines()) for d in ("core", "app", "cli") for p in (ROOT / d).rglob("*.py")}
+    assert not {str(p.relative_to(ROOT)): n for p, n in sizes.items() if n > 400}

@@ -28,7 +28,25 @@ from dcpstudio.core.report import human_bytes
 
 from .drawing import ChunkDrawing, Histogram
 
-__all__ = ["DetailsPanel"]
+__all__ = ["DetailsPanel", "preview_values"]
+
+
+_PREVIEW = 12
+
+
+def preview_values(ckpt: Checkpoint, fqn: str) -> Any:
+    """The first values of an entry, as lists of numbers (runs on a worker: it reads, with torch)."""
+    entry = ckpt.entries[fqn]
+    if entry.kind != "tensor":
+        return ckpt.read_value(fqn)
+    shape = entry.shape or ()
+    region = [slice(0, _PREVIEW if i < 2 else 1) for i in range(len(shape))]
+    t = ckpt.read_tensor(fqn, region)
+    if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16 and fp8 print as float32
+        t = t.float()
+    if t.dim() > 2:
+        t = t.reshape(t.shape[0], t.shape[1])
+    return t.tolist()
 
 
 def _table(headers: list[str]) -> QTableWidget:

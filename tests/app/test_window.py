@@ -323,6 +323,6 @@ def test_rapid_selection_changes_cancel_old_previews_safely(qtbot: Any, window: 
     qtbot.waitUntil(
         lambda: "min" in window.details.stats_label.text() and window.details.current == last, timeout=30_000
     )
-    qtbot.waitUntil(lambda: not window._retired, timeout=30_000)  # every cancelled job's thread ended
+    qtbot.waitUntil(lambda: not window.board.retired, timeout=30_000)  # every cancelled job's thread ended
     assert window.details.prop_labels["Name"].text() == last
     assert not window.message_bar.isVisible()  # cancelled jobs report nothing

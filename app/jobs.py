@@ -1,0 +1,58 @@
+"""One running job per kind (open, preview, convert, verify, load, ...): starting a new one
+cancels the old, which is kept alive until its thread ends; closing cancels and waits for all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject
+
+from .workers import Job, JobFunction
+
+__all__ = ["JobBoard"]
+
+
+class JobBoard:
+    def __init__(self, owner: QObject, on_error: Callable[[str, BaseException, Job], None]) -> None:
+        self._owner = owner
+        self._on_error = on_error
+        self.jobs: dict[str, Job] = {}
+        self.retired: set[Job] = set()  # cancelled jobs whose threads have not ended yet
+
+    def start(
+        self,
+        kind: str,
+        fn: JobFunction,
+        on_result: Callable[[Any], None],
+        on_done: Callable[[], None] | None = None,
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Job:
+        old = self.jobs.get(kind)
+        if old is not None and old.running:
+            old.cancel()
+            self.retired.add(old)
+            old.finished.connect(lambda o=old: self.retired.discard(o))
+        job = Job(fn, kind, self._owner)
+        job.result.connect(on_result)
+        job.errored.connect(lambda e, k=kind, j=job: self._on_error(k, e, j))
+        if on_done is not None:
+            job.finished.connect(on_done)
+        if on_progress is not None:
+            job.progress.connect(on_progress)
+        self.jobs[kind] = job
+        return job.start()
+
+    def cancel(self, kind: str) -> None:
+        job = self.jobs.get(kind)
+        if job is not None and job.running:
+            job.cancel()
+
+    def stop_all(self, timeout_ms: int = 30_000) -> None:
+        """Cancel every job and wait for its thread (the window is closing)."""
+        jobs = [*self.jobs.values(), *self.retired]
+        for job in jobs:
+            if job.running:
+                job.cancel()
+        for job in jobs:
+            job.wait(timeout_ms)
