@@ -14,9 +14,15 @@ __all__ = ["JobBoard"]
 
 
 class JobBoard:
-    def __init__(self, owner: QObject, on_error: Callable[[str, BaseException, Job], None]) -> None:
+    def __init__(
+        self,
+        owner: QObject,
+        on_error: Callable[[str, BaseException, Job], None],
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self._owner = owner
         self._on_error = on_error
+        self._on_change = on_change or (lambda: None)
         self.jobs: dict[str, Job] = {}
         self.retired: set[Job] = set()  # cancelled jobs whose threads have not ended yet
 
@@ -40,8 +46,11 @@ class JobBoard:
             job.finished.connect(on_done)
         if on_progress is not None:
             job.progress.connect(on_progress)
+        job.finished.connect(self._on_change)
         self.jobs[kind] = job
-        return job.start()
+        job.start()
+        self._on_change()
+        return job
 
     def cancel(self, kind: str) -> None:
         job = self.jobs.get(kind)

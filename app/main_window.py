@@ -1,183 +1,273 @@
-"""The main window: file browser | metadata tree | details, conversion controls, one message bar.
+"""The main window: it wires the panes together and owns what they share.
 
-Every long operation (open, preview and stats, convert, verify) runs as a :class:`Job`; the GUI
-thread only builds widgets from results. Dialogs go through :meth:`choose_destination` and
-:meth:`confirm`, so tests (and scripts) can answer them.
+File browser | metadata tree | (Details · Values · Compare) over (Convert · Load on ranks), and one
+message strip in the status bar. Every long operation runs as a :class:`Job` started by the pane
+that needs it, through the :class:`~.context.Context` lent to it; the GUI thread only builds
+widgets from results. Dialogs go through :meth:`choose_destination`, :meth:`save_path`,
+:meth:`ask_path` and :meth:`confirm`, so tests (and scripts) can answer them.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QLabel,
-    QMainWindow,
-    QMessageBox,
-    QSplitter,
-    QTabWidget,
-    QVBoxLayout,
-    QWidget,
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDesktopServices,
+    QDragEnterEvent,
+    QDragMoveEvent,
+    QDropEvent,
+    QGuiApplication,
 )
+from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox, QSplitter, QTabWidget
 
-from dcpstudio.core import (
-    Checkpoint,
-    ConversionResult,
-    DiffReport,
-    Node,
-    UnsafePickleError,
-    convert,
-    diff,
-    open_checkpoint,
-    tensor_stats,
-)
-from dcpstudio.core.load import run_load
+from dcpstudio.core import Checkpoint, Node, UnsafePickleError, open_checkpoint
 from dcpstudio.core.model import printable
-from dcpstudio.core.report import diff_text, human_bytes
 
+from .context import Context
 from .jobs import JobBoard
+from .menus import build_menus, entry_menu
 from .notify import Notifier
 from .settings import Settings
-from .tree_model import CheckpointTreeModel
-from .widgets.convert_panel import ConvertPanel, dropped_paths
-from .widgets.details import DetailsPanel, preview_values
+from .widgets.compare_view import CompareView
+from .widgets.convert_panel import ConvertPanel, accept_copy, dropped_paths, suggest_destination
+from .widgets.details import DetailsPanel
 from .widgets.file_browser import FileBrowser
 from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
 from .widgets.tree_pane import TreePane
+from .widgets.value_explorer import ValueExplorer
 from .workers import Job
 
 __all__ = ["MainWindow"]
 
-_SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
+_CANCELLABLE = ("convert", "verify", "load", "compare", "explore-summary", "explore-export", "explore-copy")
 
 
 class MainWindow(QMainWindow):
+    recent_menu: QMenu
+    menu_actions: dict[str, QAction] = {}
+
     def __init__(self, settings: Settings | None = None) -> None:
         super().__init__()
         self.setWindowTitle("DCP Studio")
         self.setAcceptDrops(True)
         self.settings = settings or Settings()
         self.ckpt: Checkpoint | None = None
-        self.board = JobBoard(self, self._job_failed)
+        self.board = JobBoard(self, self._job_failed, on_change=self._jobs_changed)
         self.jobs = self.board.jobs
-        self.last_result: ConversionResult | None = None
-        self.last_diff: DiffReport | None = None
-
         self.message_bar = MessageBar()
         self.notifier = Notifier(self.message_bar)
+        self.ctx = Context(
+            self.board,
+            self.notifier,
+            self.settings,
+            lambda: self.ckpt,
+            lambda title, suggestion, filters: self.save_path(title, suggestion, filters),
+            lambda title, directory: self.ask_path(title, directory),
+            lambda text: self.confirm(text),
+        )
         self.browser = FileBrowser(self.settings.last_dir())
-        self.browser.activated.connect(lambda index: self.open_path(self.browser.path_at(index)))
+        self.browser.activated.connect(self.open_path)
         self.tree_pane = TreePane()
         self.tree_pane.selection_changed.connect(self._selection_changed)
+        self.tree_pane.context_requested.connect(lambda node, pos: entry_menu(self, node).exec(pos))
+        self.tree_pane.copy_requested.connect(self._copy_node)
         self.filter_box, self.tree, self.proxy = self.tree_pane.filter_box, self.tree_pane.view, self.tree_pane.proxy
-        self.details = DetailsPanel()
-        self.panel = ConvertPanel()
-        self.panel.convert_requested.connect(self.convert)
-        self.panel.cancel_requested.connect(lambda: self.board.cancel("convert"))
-        self.panel.verify_requested.connect(self.verify)
-        self.panel.open_result_requested.connect(self._open_result)
-
-        right = QSplitter(Qt.Orientation.Vertical)
-        right.addWidget(self.details)
-        self.load_panel = LoadPanel()
-        self.load_panel.load_requested.connect(self.load_on_ranks)
-        self.load_panel.cancel_requested.connect(lambda: self.board.cancel("load"))
+        self.details = DetailsPanel(self.ctx)
+        self.details.explore_requested.connect(self.explore)
+        self.explorer = ValueExplorer(self.ctx)
+        self.compare_view = CompareView(self.ctx)
+        self.compare_view.explore_requested.connect(self.explore)
+        self.views = QTabWidget()
+        self.views.addTab(self.details, "Details")
+        self.views.addTab(self.explorer, "Values")
+        self.views.addTab(self.compare_view, "Compare")
+        self.panel = ConvertPanel(self.ctx)
+        self.panel.choose_destination = lambda target, src: self.choose_destination(target, src)
+        self.panel.open_requested.connect(self.open_path)
+        self.load_panel = LoadPanel(self.ctx)
         self.actions_tabs = QTabWidget()
         self.actions_tabs.addTab(self.panel, "Convert")
         self.actions_tabs.addTab(self.load_panel, "Load on ranks")
+
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.views)
         right.addWidget(self.actions_tabs)
         right.setStretchFactor(0, 3)
         right.setStretchFactor(1, 1)
+        right.setSizes([560, 300])
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.browser)
         split.addWidget(self.tree_pane)
         split.addWidget(right)
-        split.setSizes([260, 520, 520])
-        central = QWidget()
-        clay = QVBoxLayout(central)
-        clay.addWidget(self.message_bar)
-        clay.addWidget(split, 1)
-        self.setCentralWidget(central)
-        self._build_menu()
+        split.setSizes([250, 520, 630])
+        self.setCentralWidget(split)
+        self.activity = QLabel()
         self.torch_status = QLabel()
-        self.statusBar().addPermanentWidget(self.torch_status)
+        status = self.statusBar()
+        status.setSizeGripEnabled(True)
+        status.addWidget(self.message_bar, 1)
+        status.addPermanentWidget(self.activity)
+        status.addPermanentWidget(self.torch_status)
+        self.menu_actions = build_menus(self)
+        self.setTabOrder(self.browser.view, self.tree_pane.filter_box)
+        self.setTabOrder(self.tree_pane.view, self.views)
+        self.setTabOrder(self.views, self.panel.buttons["dcp"])
         self.details.show_summary(None)
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
         else:
             self.resize(1400, 860)
+        self._fit_screen()
 
-    # -- menus ------------------------------------------------------------------------------------
-    def _build_menu(self) -> None:
-        menu = self.menuBar().addMenu("&File")
-        open_file = QAction("Open &File…", self, shortcut=QKeySequence(QKeySequence.StandardKey.Open))
-        open_file.triggered.connect(self._ask_open_file)
-        open_dir = QAction("Open &Directory…", self)
-        open_dir.triggered.connect(self._ask_open_dir)
-        menu.addAction(open_file)
-        menu.addAction(open_dir)
-        self.recent_menu = menu.addMenu("Open &Recent")
-        self.recent_menu.aboutToShow.connect(self._fill_recent)
-        menu.addSeparator()
-        quit_action = QAction("&Quit", self, shortcut=QKeySequence(QKeySequence.StandardKey.Quit))
-        quit_action.triggered.connect(self.close)
-        menu.addAction(quit_action)
-
-    def _fill_recent(self) -> None:
-        self.recent_menu.clear()
-        for path in self.settings.recent():
-            action = self.recent_menu.addAction(path)
-            action.triggered.connect(lambda _=False, p=path: self.open_path(Path(p)))
-
-    def _ask_open_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open checkpoint", self.settings.last_dir())
-        if path:
-            self.open_path(Path(path))
-
-    def _ask_open_dir(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open DCP or safetensors directory", self.settings.last_dir())
-        if path:
-            self.open_path(Path(path))
+    def _fit_screen(self) -> None:
+        """Never larger than the screen (a saved size from another monitor, or an older version)."""
+        screen = self.screen().availableGeometry() if self.screen() is not None else None
+        if screen is not None and screen.isValid():
+            self.resize(min(self.width(), screen.width()), min(self.height(), screen.height()))
 
     # -- dialogs (overridable) ----------------------------------------------------------------------
     def choose_destination(self, target: str, src: Path) -> Path | None:
-        suggestion = str(src.parent / (src.name.split(".")[0] + _SUFFIX[target]))
-        path, _ = QFileDialog.getSaveFileName(self, f"Convert {src.name} to {target}", suggestion)
+        return self.save_path(f"Convert {src.name}", suggest_destination(target, src), "")
+
+    def save_path(self, title: str, suggestion: Path, filters: str) -> Path | None:
+        """Ask where to write (the caller asks before replacing: the dialog does not)."""
+        path, _ = QFileDialog.getSaveFileName(
+            self, title, str(suggestion), filters, options=QFileDialog.Option.DontConfirmOverwrite
+        )
+        return Path(path) if path else None
+
+    def ask_path(self, title: str, directory: bool) -> Path | None:
+        start = self.settings.last_dir()
+        if directory:
+            path = QFileDialog.getExistingDirectory(self, title, start)
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, title, start)
         return Path(path) if path else None
 
     def confirm(self, text: str) -> bool:
         answer = QMessageBox.question(self, "DCP Studio", text)
         return answer == QMessageBox.StandardButton.Yes
 
+    # -- menu actions -----------------------------------------------------------------------------
+    def ask_open_file(self) -> None:
+        path = self.ask_path("Open checkpoint", False)
+        if path is not None:
+            self.open_path(path)
+
+    def ask_open_dir(self) -> None:
+        path = self.ask_path("Open DCP or safetensors directory", True)
+        if path is not None:
+            self.open_path(path)
+
+    def fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for path in self.settings.recent():
+            action = self.recent_menu.addAction(printable(path))
+            action.triggered.connect(lambda _=False, p=path: self.open_path(Path(p)))
+
+    def show_view(self, index: int) -> None:
+        self.views.setCurrentIndex(index)
+        self.views.currentWidget().setFocus()
+
+    def show_load(self) -> None:
+        self.actions_tabs.setCurrentWidget(self.load_panel)
+        self.load_panel.ranks.setFocus()
+
+    def focus_filter(self) -> None:
+        self.filter_box.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.filter_box.selectAll()
+
+    def filter_to(self, path: str) -> None:
+        self.tree_pane.regex_button.setChecked(False)
+        self.filter_box.setText(path)
+        self.tree_pane.apply_filter()
+
+    def copy_text(self, text: str) -> None:
+        QGuiApplication.clipboard().setText(text)
+        self.notifier.info(f"Copied {printable(text)}")
+
+    def _copy_node(self, node: Node | None) -> None:
+        if node is not None:
+            self.copy_text(node.path)
+
+    def copy_name(self) -> None:
+        node = self.selected_node()
+        if node is not None:
+            self.copy_text(node.path)
+
+    def copy_shape(self) -> None:
+        node = self.selected_node()
+        if node is not None and node.entry is not None and node.entry.shape is not None:
+            self.copy_text(str(list(node.entry.shape)))
+
+    def explore(self, fqn: str) -> None:
+        if self.ckpt is not None and fqn in self.ckpt.entries and self.ckpt.entries[fqn].kind == "tensor":
+            self.explorer.show_tensor(self.ckpt, fqn)
+            self.views.setCurrentWidget(self.explorer)
+
+    def explore_selected(self) -> None:
+        node = self.selected_node()
+        if node is None or node.entry is None or node.entry.kind != "tensor":
+            self.notifier.info("Select a tensor in the tree first.")
+            return
+        self.explore(node.entry.fqn)
+
+    def export(self, fqn: str) -> Job | None:
+        self.explore(fqn)
+        return self.explorer.export()
+
+    def export_selected(self) -> Job | None:
+        node = self.selected_node()
+        if node is None or node.entry is None or node.entry.kind != "tensor":
+            self.notifier.info("Select a tensor in the tree first.")
+            return None
+        return self.export(node.entry.fqn)
+
+    def compare_with(self) -> None:
+        self.views.setCurrentWidget(self.compare_view)
+        self.compare_view.choose_b(False)
+
+    def show_in_file_manager(self, node: Node) -> None:
+        """Open the folder holding the entry's data (the checkpoint's folder for a group)."""
+        if self.ckpt is None:
+            return
+        folder = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
+        if node.entry is not None and node.entry.kind == "tensor":
+            files = [c.file for c in self.ckpt.chunks(node.entry.fqn) if c.file]
+            if files:
+                base = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
+                folder = (base / files[0]).parent
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+
+    def cancel_work(self) -> None:
+        for kind in _CANCELLABLE:
+            self.board.cancel(kind)
+
     # -- jobs --------------------------------------------------------------------------------------
-    @property
-    def model(self) -> CheckpointTreeModel | None:
-        return self.tree_pane.model
-
-    def _start(self, kind: str, fn: Any, on_result: Any, on_done: Any = None) -> Job:
-        """One job per kind: a new one cancels the old (see :class:`~.jobs.JobBoard`)."""
-        return self.board.start(kind, fn, on_result, on_done, functools.partial(self._job_progress, kind))
-
-    def _job_progress(self, kind: str, p: Any) -> None:
-        if kind in ("convert", "verify"):
-            self.panel.set_progress(p.fraction, p.current)
-        elif kind == "load":
-            self.load_panel.rank_progress(p)
+    def _jobs_changed(self) -> None:
+        running = [k for k in _CANCELLABLE if k in self.jobs and self.jobs[k].running]
+        if "cancel" in self.menu_actions:
+            self.menu_actions["cancel"].setEnabled(bool(running))
+        busy = "open" in self.jobs and self.jobs["open"].running
+        self.activity.setText(f"Opening {printable(self._pending_open.name)}…" if busy and self._pending_open else "")
 
     def _job_failed(self, kind: str, exc: BaseException, job: Job) -> None:
         if job.token.cancelled:
             return  # a cancelled job's failure (e.g. its checkpoint was closed) is not news
-        actions = []
-        if isinstance(exc, UnsafePickleError) and kind == "open" and self._pending_open is not None:
-            path = self._pending_open
-            actions = [("Open trusting this file", lambda: self.open_path(path, trust_pickle=True))]
+        actions: list[tuple[str, Callable[[], None]]] = []
+        if isinstance(exc, UnsafePickleError):
+            path = self._pending_open if kind == "open" else (self.ckpt.path if self.ckpt is not None else None)
+            if path is not None:
+                title = "Open trusting this file" if kind == "open" else "Reopen trusting this file"
+                actions = [(title, functools.partial(self.open_path, path, trust_pickle=True))]
         self.notifier.error(exc, actions)
 
     # -- start-up ----------------------------------------------------------------------------------
@@ -200,13 +290,13 @@ class MainWindow(QMainWindow):
             self.torch_status.setText("")
             self.torch_status.setToolTip(f"PyTorch {version}")
 
-        job = self._start("torch", work, done)
+        job = self.board.start("torch", work, done)
         job.errored.connect(lambda e: self.torch_status.setText("PyTorch failed to load"))
         return job
 
     def open_demo(self) -> Job:
-        """Write the demo checkpoints (a worker job), then open the DCP one."""
-        self.statusBar().showMessage("Writing the demo checkpoints…")
+        """Write the demo checkpoints (a worker job), then open the DCP one, shown in the browser."""
+        self.activity.setText("Writing the demo checkpoints…")
 
         def work(progress: Any, cancel: Any) -> tuple[Path, Path]:
             from dcpstudio.core.demo import write_demo
@@ -219,7 +309,7 @@ class MainWindow(QMainWindow):
             self.browser.set_root(str(dcp_dir.parent))
             self.open_path(dcp_dir)
 
-        return self._start("demo", work, done)
+        return self.board.start("demo", work, done, lambda: self.activity.setText(""))
 
     # -- opening -----------------------------------------------------------------------------------
     _pending_open: Path | None = None
@@ -227,25 +317,31 @@ class MainWindow(QMainWindow):
     def open_path(self, path: Path, *, trust_pickle: bool = False) -> None:
         path = Path(path)
         self._pending_open = path
-        self.statusBar().showMessage(f"Opening {path}…")
 
         def work(progress: Any, cancel: Any) -> Checkpoint:
             ckpt = open_checkpoint(path, trust_pickle=trust_pickle)
             ckpt.tree  # noqa: B018 - builds the tree and the storage index off the GUI thread
             return ckpt
 
-        self._start("open", work, self._opened, lambda: self.statusBar().clearMessage())
+        self.board.start("open", work, self._opened)
+        self._jobs_changed()
 
     def _opened(self, ckpt: Checkpoint) -> None:
-        self.board.cancel("preview")  # it reads the checkpoint about to be closed
+        for kind in ("preview", "compare-values"):
+            self.board.cancel(kind)  # they read the checkpoint about to be closed
+        self.explorer.clear()
+        self.compare_view.checkpoint_changed(ckpt)
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()
         self.tree_pane.show_checkpoint(ckpt)
         self.details.show_summary(ckpt)
+        self.views.setCurrentWidget(self.details)
+        self.panel.keep_for(ckpt.path)
         self.settings.add_recent(ckpt.path)
+        self.browser.reveal(ckpt.path, expand=ckpt.path.is_dir())
         self.setWindowTitle(f"DCP Studio — {printable(ckpt.path.name)}")
-        self.message_bar.hide()
+        self.message_bar.clear()
 
     # -- selection ---------------------------------------------------------------------------------
     def selected_node(self) -> Node | None:
@@ -256,133 +352,26 @@ class MainWindow(QMainWindow):
         return self.tree_pane.select(fqn)
 
     def _selection_changed(self) -> None:
-        node = self.selected_node()
-        ckpt = self.ckpt
-        if ckpt is None or node is None:
-            self.details.show_summary(ckpt)
-            return
-        entry = node.entry
-        chunks = ckpt.chunks(entry.fqn) if entry is not None and entry.kind == "tensor" else []
-        self.details.show_node(ckpt, node, chunks)
-        if entry is None:
-            return
-        fqn = entry.fqn
+        self.details.show_selection(self.ckpt, self.selected_node())
 
-        def work(progress: Any, cancel: Any) -> tuple[str, Any, Any, Any]:
-            values = preview_values(ckpt, fqn)
-            stats = (
-                tensor_stats(ckpt, fqn, bins=40, progress=progress, cancel=cancel) if entry.kind == "tensor" else None
-            )
-            resolved = ckpt.resolve_chunks(fqn) if entry.kind == "tensor" else []
-            return fqn, values, stats, resolved
-
-        self._start("preview", work, self._previewed)
-
-    def _previewed(self, result: tuple[str, Any, Any, Any]) -> None:
-        fqn, values, stats, chunks = result
-        self.details.show_preview(fqn, values, stats)
-        if chunks and self.details.current == fqn and self.ckpt is not None:
-            node = self.selected_node()
-            if node is not None:
-                self.details.show_node(self.ckpt, node, chunks)
-                self.details.show_preview(fqn, values, stats)
-
-    # -- converting --------------------------------------------------------------------------------
-    def convert(self, target: str, src: Path | None = None, dst: Path | None = None) -> Job | None:
-        source = Path(src) if src is not None else (self.ckpt.path if self.ckpt is not None else None)
-        if source is None:
-            self.notifier.info("Open a checkpoint first, or drop one on a conversion button.")
-            return None
-        dst = dst or self.choose_destination(target, source)
-        if dst is None:
-            return None
-        overwrite = False
-        if dst.exists():
-            if not self.confirm(f"{dst} exists. Replace it?"):
-                return None
-            overwrite = True
-        options = self.panel.options(target)
-        self.panel.set_busy(True, f"Converting {source.name} → {dst.name}")
-
-        def work(progress: Any, cancel: Any) -> ConversionResult:
-            with warnings.catch_warnings():  # notes come back in the result and are shown in the panel
-                warnings.simplefilter("ignore", UserWarning)
-                return convert(source, dst, to=target, progress=progress, cancel=cancel, overwrite=overwrite, **options)
-
-        job = self._start("convert", work, self._converted, lambda: self.panel.set_busy(False))
-        job.cancelled.connect(lambda: self.panel.set_result("Cancelled; nothing was written."))
-        job.errored.connect(lambda e: self.panel.set_result(f"Failed: {e}"))
-        return job
-
-    def _converted(self, result: ConversionResult) -> None:
-        self.last_result = result
-        self.panel.set_result(
-            f"Wrote {result.dst.name} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}."
-            + "".join(f"\n{note}" for note in result.notes),
-            can_open=True,
-        )
-        self.notifier.info(f"Converted to {result.dst}", [("Open result", self._open_result)])
-
-    def _open_result(self) -> None:
-        if self.last_result is not None:
-            target = self.last_result.dst
-            self.open_path(
-                target / "model.safetensors.index.json"
-                if (target / "model.safetensors.index.json").exists()
-                else target
-            )
-
-    def verify(self) -> Job | None:
-        if self.last_result is None:
-            return None
-        a, b = self.last_result.src, self.last_result.dst
-        self.panel.set_busy(True, f"Verifying {a.name} against {b.name}")
-
-        def work(progress: Any, cancel: Any) -> DiffReport:
-            with open_checkpoint(a) as x, open_checkpoint(b) as y:
-                return diff(x, y, progress=progress, cancel=cancel)
-
-        def done(report: DiffReport) -> None:
-            self.last_diff = report
-            self.panel.set_result(diff_text(report), can_open=True)
-
-        return self._start("verify", work, done, lambda: self.panel.set_busy(False))
-
-    # -- multi-rank load ---------------------------------------------------------------------------
-    def load_on_ranks(self) -> Job | None:
-        if self.ckpt is None:
-            self.notifier.info("Open a checkpoint first.")
-            return None
-        path = self.ckpt.path
-        ranks = self.load_panel.ranks.value()
-        layout = self.load_panel.layout_box.currentText()
-        mesh = self.load_panel.mesh.text().strip() or None
-        self.load_panel.start(ranks)
-
-        def work(progress: Any, cancel: Any) -> list[Any]:
-            return run_load(path, ranks=ranks, layout=layout, mesh=mesh, on_progress=progress, cancel=cancel)
-
-        job = self._start("load", work, self.load_panel.show_reports, lambda: self.load_panel.set_busy(False))
-        job.cancelled.connect(lambda: self.load_panel.status.setText("Cancelled; the ranks were stopped."))
-        job.errored.connect(lambda e: self.load_panel.status.setText(f"Failed: {e}"))
-        return job
-
-    # -- drag and drop -----------------------------------------------------------------------------
+    # -- drag and drop: always a copy; the dropped file is opened -------------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if dropped_paths(event):
-            event.acceptProposedAction()
+        accept_copy(event)
+
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
+        accept_copy(event)
 
     def dropEvent(self, event: QDropEvent) -> None:
-        paths = dropped_paths(event)
-        if paths:
-            event.acceptProposedAction()
-            self.open_path(paths[0])
+        if accept_copy(event):
+            self.open_path(dropped_paths(event)[0])
 
     # -- closing -----------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         self.board.stop_all()
         self.settings.set_geometry(self.saveGeometry())
         self.settings.sync()
+        self.explorer.clear()
+        self.compare_view.close_b()
         if self.ckpt is not None:
             self.ckpt.close()
         super().closeEvent(event)

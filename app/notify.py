@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, Signal
 from dcpstudio.core import (
     CorruptCheckpointError,
     DestinationExistsError,
+    MissingClassError,
     UnsafePickleError,
     UnsupportedFormatError,
 )
@@ -44,14 +45,19 @@ class Notifier(QObject):
         self.last_error = exc
         text = str(exc) or type(exc).__name__
         if isinstance(exc, UnsafePickleError):
+            source = exc.source or "The file"
+            what = f"'{exc.what}'" if exc.what else "an object"
             text = (
-                f"Not opened: {text}. The file contains a pickle that would run code. "
-                "Open it trusting the file only if you know where it comes from."
+                f"Refused: {source} holds a pickle that refers to {what}, which could run code when loaded; "
+                "nothing from it was run."
+                + (" Trust the file only if you know where it comes from." if actions else "")
             )
+        elif isinstance(exc, MissingClassError):
+            text = f"Cannot load: {text}"
         elif isinstance(exc, CorruptCheckpointError):
             text = f"Damaged checkpoint: {text}"
         elif isinstance(exc, UnsupportedFormatError):
-            text = f"Not a checkpoint: {text}"
+            text = text if "not a checkpoint" in text.lower() else f"Not readable: {text}"
         elif isinstance(exc, DestinationExistsError):
             text = f"Not written: {text}"
         elif isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "allocate" in str(exc)):

@@ -16,6 +16,7 @@ from .errors import (
     CorruptCheckpointError,
     DCPStudioError,
     DestinationExistsError,
+    MissingClassError,
     UnsafePickleError,
     UnsupportedFormatError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "DiffReport",
     "Entry",
     "LazySavePlanner",
+    "MissingClassError",
     "Node",
     "Progress",
     "SafeLoadPlanner",

@@ -37,7 +37,7 @@ from ._pickle_guard import run_with_stack, scan
 from ._refs import Device, Layout, Size, StorageType, TensorRef
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
 from .dtypes import BY_NAME, DType
-from .errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
+from .errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
 
 __all__ = [
     "DCP_METADATA_CLASSES",
@@ -72,6 +72,19 @@ def gc_paused() -> Iterator[None]:
 _GLOBAL_RE = re.compile(r"'([\w.]+)'")
 
 
+def missing_class_message(label: str, module: str, name: str) -> str:
+    where = (
+        "defined in the script that saved the file"
+        if module == "__main__"
+        else f"from {module.split('.')[0]!r}, which is not installed here or has no such name"
+    )
+    return (
+        f"{label}: its pickle needs the class {module}.{name} ({where}); the file is not damaged, but "
+        "it can only be loaded where that class exists (or re-saved there with plain types: tensors, "
+        "dicts, lists, numbers)"
+    )
+
+
 def unsafe_message(label: str, what: str) -> str:
     return (
         f"{label}: refused to load '{what}' from its pickle (it could run code); "
@@ -98,8 +111,15 @@ class _Restricted(pickle.Unpickler):
         if found is not None:
             return found
         if self._trust:
-            return super().find_class(module, name)
-        raise UnsafePickleError(unsafe_message(self._label, f"{module}.{name}"))
+            try:
+                return super().find_class(module, name)
+            except (ImportError, AttributeError) as e:
+                raise MissingClassError(
+                    missing_class_message(self._label, module, name), what=f"{module}.{name}"
+                ) from e
+        raise UnsafePickleError(
+            unsafe_message(self._label, f"{module}.{name}"), source=self._label, what=f"{module}.{name}"
+        )
 
     def persistent_load(self, pid: Any) -> Any:
         if self._storages is None:
@@ -144,7 +164,7 @@ def _load(
 
     try:
         return run_with_stack(info, label, run)
-    except UnsafePickleError:
+    except (UnsafePickleError, MissingClassError):
         raise
     except (CorruptCheckpointError, UnsupportedFormatError) as e:
         raise type(e)(f"{label}: {e}") from e
@@ -244,7 +264,9 @@ def _unsafe_metadata(label: str) -> Callable[[UnsafePickleError], UnsafePickleEr
         what = match.group(1) if match else "an unknown object"
         return UnsafePickleError(
             f"{label}: refused to load '{what}' from the DCP metadata pickle (it is not a DCP metadata class "
-            "and could run code); if you trust this checkpoint, pass --trust-pickle"
+            "and could run code); if you trust this checkpoint, pass --trust-pickle",
+            source=label,
+            what=what,
         )
 
     return reword

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DCPStudioError",
     "DestinationExistsError",
+    "MissingClassError",
     "UnsafePickleError",
     "UnsupportedFormatError",
 ]
@@ -29,7 +30,25 @@ class CorruptCheckpointError(DCPStudioError):
 
 
 class UnsafePickleError(DCPStudioError):
-    """A pickle references something outside the allow-list; nothing from it was executed."""
+    """A pickle references something outside the allow-list; nothing from it was executed.
+
+    ``source`` names the file (or item) and ``what`` the refused global, so a front end can word
+    its own advice (the window offers to open the file trusting it; the CLI names its flag)."""
+
+    def __init__(self, message: str, *, source: str = "", what: str = "") -> None:
+        super().__init__(message)
+        self.source = source
+        self.what = what
+
+
+class MissingClassError(UnsupportedFormatError):
+    """A trusted pickle needs a class that cannot be imported here (``__main__.Foo``: defined in
+    the script that saved the file). The file is not damaged; it can only be read where the
+    class exists."""
+
+    def __init__(self, message: str, *, what: str = "") -> None:
+        super().__init__(message)
+        self.what = what
 
 
 class DestinationExistsError(DCPStudioError):

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemT
 
 from ._io import FileRange
 from ._tree import map_tensors
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, MissingClassError
 
 __all__ = ["LazySavePlanner", "RegionPlanner", "SafeLoadPlanner", "safe_torch_load"]
 
@@ -32,6 +32,12 @@ def safe_torch_load(data: io.BytesIO, label: str, *, trust: bool = False) -> Any
         return map_tensors(TorchSaveFile(data, label=label).obj, materialize)
     try:
         return torch.load(data, map_location="cpu", weights_only=False)
+    except (ImportError, AttributeError) as e:  # a class of the saving script (__main__.Foo) or a missing package
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MissingClassError(
+            f"{label}: its pickle needs a class that is not importable here ({first}); the file is not damaged, "
+            "but it can only be loaded where that class exists"
+        ) from e
     except Exception as e:  # a trusted pickle can raise anything
         first = str(e).splitlines()[0] if str(e) else ""
         raise CorruptCheckpointError(f"{label}: cannot load value ({type(e).__name__}: {first})") from e

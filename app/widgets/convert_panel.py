@@ -1,33 +1,68 @@
-"""Conversion controls: one button per target (each also a drop target), options, progress,
-Cancel, and the outcome with "Open result" / "Verify"."""
+"""Conversion: one button per target (each also a drop target), options that apply to every target,
+progress and Cancel, the outcome in a scrolling report, and "Open result" / "Verify" with
+tolerances. The layout never moves: controls are enabled and disabled, not shown and hidden."""
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
+from typing import Any
 
-from PySide6.QtCore import Signal
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
-    QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
-__all__ = ["TARGETS", "ConvertPanel", "DropButton", "dropped_paths"]
+from dcpstudio.core import ConversionResult, DiffReport, convert, diff, open_checkpoint
+from dcpstudio.core.convert import parse_size
+from dcpstudio.core.report import diff_text, human_bytes
+
+from ..context import Context
+from ..workers import Job
+
+__all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "accept_copy", "dropped_paths", "suggest_destination"]
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
+SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
+_KINDS = ("convert", "verify")
 
 
-def dropped_paths(event: QDropEvent | QDragEnterEvent) -> list[Path]:
+def dropped_paths(event: QDropEvent | QDragEnterEvent | QDragMoveEvent) -> list[Path]:
     mime = event.mimeData()
     return [Path(u.toLocalFile()) for u in mime.urls() if u.isLocalFile()] if mime.hasUrls() else []
+
+
+def accept_copy(event: QDropEvent | QDragEnterEvent | QDragMoveEvent) -> bool:
+    """Accept a drag of local files as a *copy*: the source (a file manager) must never delete the
+    user's file because we took it as a move."""
+    if not dropped_paths(event) or not (event.possibleActions() & Qt.DropAction.CopyAction):
+        event.ignore()
+        return False
+    event.setDropAction(Qt.DropAction.CopyAction)
+    event.accept()
+    return True
+
+
+def suggest_destination(target: str, src: Path) -> Path:
+    """A free name beside ``src`` for its conversion to ``target`` (never ``src`` itself)."""
+    stem = src.name.split(".")[0] if src.is_file() else src.name
+    candidate = src.parent / (stem + SUFFIX[target])
+    n = 1
+    while candidate.exists() or candidate == src:
+        candidate = src.parent / f"{stem}-{n}{SUFFIX[target]}"
+        n += 1
+    return candidate
 
 
 class DropButton(QPushButton):
@@ -40,100 +75,243 @@ class DropButton(QPushButton):
         self.setAcceptDrops(True)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if dropped_paths(event):
-            event.acceptProposedAction()
+        accept_copy(event)
+
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
+        accept_copy(event)
 
     def dropEvent(self, event: QDropEvent) -> None:
-        paths = dropped_paths(event)
-        if paths:
-            event.acceptProposedAction()
-            self.dropped.emit(paths[0])
+        if accept_copy(event):
+            self.dropped.emit(dropped_paths(event)[0])
 
 
-class ConvertPanel(QGroupBox):
-    convert_requested = Signal(str, object)  # target, source path (None: the open checkpoint)
-    cancel_requested = Signal()
-    verify_requested = Signal()
-    open_result_requested = Signal()
+def _tolerance(box: QLineEdit) -> float:
+    text = box.text().strip()
+    if not text:
+        return 0.0
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{box.toolTip().split(':')[0]} must be a number ≥ 0 (got {text!r})")
+    return value
 
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("Convert", parent)
+
+class ConvertPanel(QWidget):
+    """``opened_result(path)`` asks the window to open a conversion's output."""
+
+    open_requested = Signal(object)
+
+    def __init__(self, ctx: Context, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.choose_destination = self._ask_destination  # replaced by the window (and tests)
+        self.last_result: ConversionResult | None = None
+        self.last_diff: DiffReport | None = None
         self.buttons: dict[str, DropButton] = {}
         row = QHBoxLayout()
-        for target, title in TARGETS.items():
+        for n, (target, title) in enumerate(TARGETS.items(), start=1):
             b = DropButton(title)
-            b.setToolTip(f"Convert the open checkpoint {title[2:]} (or drop a checkpoint here)")
-            b.clicked.connect(lambda _=False, t=target: self.convert_requested.emit(t, None))
-            b.dropped.connect(lambda path, t=target: self.convert_requested.emit(t, path))
+            b.setToolTip(f"Convert the open checkpoint {title[2:]} (Ctrl+{n}), or drop a checkpoint here")
+            b.clicked.connect(lambda _=False, t=target: self.convert(t))
+            b.dropped.connect(lambda path, t=target: self.convert(t, path))
             self.buttons[target] = b
             row.addWidget(b)
         self.include = QLineEdit()
         self.include.setPlaceholderText("regex, e.g. ^model\\.")
         self.exclude = QLineEdit()
         self.exclude.setPlaceholderText("regex, e.g. ^optim\\.")
-        self.shard_size = QLineEdit()
-        self.shard_size.setPlaceholderText("safetensors shard size, e.g. 5GB (empty: one file)")
         self.dtype = QComboBox()
         self.dtype.addItems(["keep dtypes", "bf16", "fp16", "fp32"])
+        self.dtype.setToolTip("Cast floating-point tensors (every target format)")
+        self.split = QLineEdit()
+        self.split.setPlaceholderText("e.g. 5GB: DCP files / safetensors shards (empty: one file)")
         form = QFormLayout()
         form.addRow("Include", self.include)
         form.addRow("Exclude", self.exclude)
-        form.addRow("Shards", self.shard_size)
         form.addRow("Cast floats", self.dtype)
+        form.addRow("Split at", self.split)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(True)
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.clicked.connect(self.cancel_requested)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
+        self.cancel_button.setToolTip("Stop the conversion or verification (Esc); nothing is left behind")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.report = QPlainTextEdit()
+        self.report.setReadOnly(True)
+        self.report.setMaximumBlockCount(5000)
+        self.report.setFixedHeight(92)
+        self.report.setPlaceholderText("The outcome of a conversion or verification appears here.")
         self.open_button = QPushButton("Open result")
-        self.open_button.clicked.connect(self.open_result_requested)
+        self.open_button.clicked.connect(self.open_result)
         self.verify_button = QPushButton("Verify")
-        self.verify_button.setToolTip("Compare the source and the result, value by value")
-        self.verify_button.clicked.connect(self.verify_requested)
-        bottom = QHBoxLayout()
-        bottom.addWidget(self.progress, 1)
-        bottom.addWidget(self.cancel_button)
+        self.verify_button.setToolTip("Compare the source and the result, value by value (Ctrl+Shift+V)")
+        self.verify_button.clicked.connect(self.verify)
+        self.rtol = QLineEdit()
+        self.rtol.setPlaceholderText("0")
+        self.rtol.setToolTip("rtol: values within atol + rtol·|result| count as equal")
+        self.atol = QLineEdit()
+        self.atol.setPlaceholderText("0")
+        self.atol.setToolTip("atol: values within atol + rtol·|result| count as equal")
+        for box in (self.rtol, self.atol):
+            box.setMaximumWidth(70)
+        progress_row = QHBoxLayout()
+        progress_row.addWidget(self.progress, 1)
+        progress_row.addWidget(self.cancel_button)
         outcome = QHBoxLayout()
-        outcome.addWidget(self.status, 1)
         outcome.addWidget(self.open_button)
+        outcome.addStretch(1)
+        outcome.addWidget(QLabel("rtol"))
+        outcome.addWidget(self.rtol)
+        outcome.addWidget(QLabel("atol"))
+        outcome.addWidget(self.atol)
         outcome.addWidget(self.verify_button)
         lay = QVBoxLayout(self)
         lay.addLayout(row)
         lay.addLayout(form)
-        lay.addLayout(bottom)
+        lay.addLayout(progress_row)
+        lay.addWidget(self.report)
         lay.addLayout(outcome)
         self.set_busy(False)
-        self.set_result(None)
 
-    def options(self, target: str) -> dict[str, object]:
-        opts: dict[str, object] = {
-            "include": self.include.text() or None,
-            "exclude": self.exclude.text() or None,
-        }
-        if target == "safetensors":
-            opts["max_shard_size"] = self.shard_size.text().strip() or None
-            opts["dtype"] = None if self.dtype.currentIndex() == 0 else self.dtype.currentText()
-        return opts
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return any(k in self.ctx.board.jobs and self.ctx.board.jobs[k].running for k in _KINDS)
 
     def set_busy(self, busy: bool, text: str = "") -> None:
         for b in self.buttons.values():
             b.setEnabled(not busy)
         self.cancel_button.setEnabled(busy)
-        self.progress.setVisible(busy)
-        self.cancel_button.setVisible(busy)
+        self.progress.setEnabled(busy)
+        self.progress.setValue(0)
+        self.progress.setFormat(text[-60:] if busy else "")
+        has_result = self.last_result is not None
+        self.open_button.setEnabled(not busy and has_result)
+        self.verify_button.setEnabled(not busy and has_result)
         if busy:
-            self.progress.setValue(0)
-            self.status.setText(text)
-            self.open_button.setVisible(False)
-            self.verify_button.setVisible(False)
+            self.report.setPlainText(text)
 
     def set_progress(self, fraction: float, text: str) -> None:
         self.progress.setValue(int(fraction * 1000))
         self.progress.setFormat(f"{fraction * 100:.0f}%  {text[-48:]}")
 
-    def set_result(self, text: str | None, can_open: bool = False) -> None:
-        self.status.setText(text or "")
-        self.open_button.setVisible(can_open)
-        self.verify_button.setVisible(can_open)
+    def reset(self) -> None:
+        """Forget the last outcome (another checkpoint was opened)."""
+        if self.busy:
+            return
+        self.last_result = self.last_diff = None
+        self.report.clear()
+        self.set_busy(False)
+
+    def keep_for(self, path: Path) -> None:
+        """A checkpoint was opened: keep the outcome if it concerns ``path`` (its source or result)."""
+        r = self.last_result
+        if r is None or Path(path).resolve() not in (r.src.resolve(), r.dst.resolve()):
+            self.reset()
+
+    def options(self, target: str) -> dict[str, object]:
+        opts: dict[str, object] = {
+            "include": self.include.text() or None,
+            "exclude": self.exclude.text() or None,
+            "dtype": None if self.dtype.currentIndex() == 0 else self.dtype.currentText(),
+        }
+        split = self.split.text().strip() or None
+        if split is not None:
+            parse_size(split)  # a bad size is reported before anything starts
+            if target == "safetensors":
+                opts["max_shard_size"] = split
+            elif target == "dcp":
+                opts["max_file_size"] = split
+        return opts
+
+    # -- converting -----------------------------------------------------------------------------------
+    def _ask_destination(self, target: str, src: Path) -> Path | None:
+        return self.ctx.save_path(f"Convert {src.name} to {TARGETS[target][2:]}", suggest_destination(target, src), "")
+
+    def convert(self, target: str, src: Path | None = None, dst: Path | None = None) -> Job | None:
+        ckpt = self.ctx.checkpoint()
+        source = Path(src) if src is not None else (ckpt.path if ckpt is not None else None)
+        if source is None:
+            self.ctx.notifier.info("Open a checkpoint first, or drop one on a conversion button.")
+            return None
+        try:
+            options = self.options(target)
+        except ValueError as e:
+            self.ctx.notifier.error(e)
+            return None
+        dst = dst or self.choose_destination(target, source)
+        if dst is None:
+            return None
+        if dst.resolve() == source.resolve() or source.resolve() in dst.resolve().parents:
+            self.ctx.notifier.info(
+                f"Choose another destination: {dst.name} is the checkpoint being converted "
+                "(the result is written beside it, then you may replace it)."
+            )
+            return None
+        overwrite = False
+        if dst.exists() or dst.is_symlink():
+            if not self.ctx.confirm(f"{dst} exists. Replace it?"):
+                return None
+            overwrite = True
+        self.last_result = None
+        self.set_busy(True, f"Converting {source.name} → {dst.name}")
+
+        def work(progress: Any, cancel: Any) -> ConversionResult:
+            with warnings.catch_warnings():  # notes come back in the result and are shown in the report
+                warnings.simplefilter("ignore", UserWarning)
+                return convert(source, dst, to=target, progress=progress, cancel=cancel, overwrite=overwrite, **options)
+
+        cast = options["dtype"]
+        job = self.ctx.start(
+            "convert", work, lambda r: self._converted(r, cast), lambda: self.set_busy(False), self._progress
+        )
+        job.cancelled.connect(lambda: self.report.setPlainText("Cancelled; nothing was written."))
+        job.errored.connect(lambda e: self.report.setPlainText(f"Failed: {e}"))
+        return job
+
+    def _progress(self, p: Any) -> None:
+        self.set_progress(p.fraction, p.current)
+
+    def _converted(self, result: ConversionResult, cast: object) -> None:
+        self.last_result = result
+        self.report.setPlainText(
+            f"Wrote {result.dst} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}"
+            + (f", floating-point tensors cast to {cast}" if cast else "")
+            + "."
+            + "".join(f"\n{note}" for note in result.notes)
+        )
+        self.ctx.notifier.info(f"Converted to {result.dst}", [("Open result", self.open_result)])
+
+    def open_result(self) -> None:
+        if self.last_result is not None:
+            target = self.last_result.dst
+            index = target / "model.safetensors.index.json"
+            self.open_requested.emit(index if index.exists() else target)
+
+    def verify(self) -> Job | None:
+        if self.last_result is None:
+            self.ctx.notifier.info("Convert a checkpoint first: Verify compares its source and its result.")
+            return None
+        try:
+            rtol, atol = _tolerance(self.rtol), _tolerance(self.atol)
+        except ValueError as e:
+            self.ctx.notifier.error(e)
+            return None
+        a, b = self.last_result.src, self.last_result.dst
+        self.set_busy(True, f"Verifying {a.name} against {b.name}")
+
+        def work(progress: Any, cancel: Any) -> DiffReport:
+            with open_checkpoint(a) as x, open_checkpoint(b) as y:
+                return diff(x, y, rtol=rtol, atol=atol, progress=progress, cancel=cancel)
+
+        def done(report: DiffReport) -> None:
+            self.last_diff = report
+            self.report.setPlainText(diff_text(report))
+
+        job = self.ctx.start("verify", work, done, lambda: self.set_busy(False), self._progress)
+        job.cancelled.connect(lambda: self.report.setPlainText("Verification cancelled."))
+        job.errored.connect(lambda e: self.report.setPlainText(f"Verification failed: {e}"))
+        return job
+
+    def cancel(self) -> None:
+        for kind in _KINDS:
+            self.ctx.board.cancel(kind)

@@ -1,6 +1,6 @@
-"""The details area: a summary of the checkpoint when nothing is selected; for a selected entry
-its properties, chunk table and drawing, and (for tensors) a preview of values, stats and a
-histogram, which the window computes in a worker and hands over with :meth:`show_preview`."""
+"""The details area: a summary of the checkpoint when nothing is selected; for a selected entry or
+group its properties, its chunk table and drawing (tensors), and a preview of values with stats and
+a histogram, which the window computes in a worker and hands over with :meth:`show_preview`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import html
 import math
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
     QScrollArea,
     QStackedWidget,
     QTableWidget,
@@ -22,31 +25,47 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats
+from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats, tensor_stats
 from dcpstudio.core.model import dtype_name, printable, short_repr
 from dcpstudio.core.report import human_bytes
 
+from ..context import Context
+from ..tree_model import aggregate, human_count, value_type
 from .drawing import ChunkDrawing, Histogram
 
-__all__ = ["DetailsPanel", "preview_values"]
+__all__ = ["DetailsPanel", "Preview", "preview_values", "slice_label"]
 
 
 _PREVIEW = 12
 
 
-def preview_values(ckpt: Checkpoint, fqn: str) -> Any:
-    """The first values of an entry, as lists of numbers (runs on a worker: it reads, with torch)."""
+def slice_label(shape: tuple[int, ...], region: list[slice]) -> str:
+    """``[0:12, 0:12, 0, 0]``: which part of a tensor a preview shows."""
+    parts = []
+    for size, sl in zip(shape, region, strict=True):
+        start, stop, _ = sl.indices(size)
+        parts.append(str(start) if stop - start == 1 and size > 1 else f"{start}:{stop}")
+    return "[" + ", ".join(parts) + "]"
+
+
+Preview = tuple[Any, str]  # values (nested lists of numbers, or a value), what part of the entry they are
+
+
+def preview_values(ckpt: Checkpoint, fqn: str) -> Preview:
+    """The first values of an entry and a caption saying which (runs on a worker: it reads, with torch)."""
     entry = ckpt.entries[fqn]
     if entry.kind != "tensor":
-        return ckpt.read_value(fqn)
-    shape = entry.shape or ()
-    region = [slice(0, _PREVIEW if i < 2 else 1) for i in range(len(shape))]
+        value = ckpt.read_value(fqn)
+        return value, f"a {type(value).__name__}"
+    shape = tuple(entry.shape or ())
+    region = [slice(0, min(_PREVIEW, s) if i < 2 else min(1, s)) for i, s in enumerate(shape)]
     t = ckpt.read_tensor(fqn, region)
     if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16 and fp8 print as float32
         t = t.float()
     if t.dim() > 2:
         t = t.reshape(t.shape[0], t.shape[1])
-    return t.tolist()
+    caption = "the value" if not shape else f"values{slice_label(shape, region)} of shape {list(shape)}"
+    return t.tolist(), caption
 
 
 def _table(headers: list[str]) -> QTableWidget:
@@ -55,6 +74,8 @@ def _table(headers: list[str]) -> QTableWidget:
     t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     t.verticalHeader().setVisible(False)
     t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setTabKeyNavigation(False)  # Tab moves on to the next control, not cell to cell
+    t.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
     return t
 
 
@@ -65,14 +86,25 @@ def _fill(table: QTableWidget, rows: list[list[Any]]) -> None:
             table.setItem(r, c, QTableWidgetItem("" if value is None else str(value)))
 
 
+def _fit_height(table: QTableWidget, most: int = 8) -> None:
+    rows = min(table.rowCount(), most)
+    h = table.horizontalHeader().height() + 2 * table.frameWidth() + 4
+    table.setFixedHeight(h + sum(table.rowHeight(r) for r in range(rows)))
+
+
 class DetailsPanel(QStackedWidget):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """``explore_requested(fqn)``: the user asked to page through an entry's values."""
+
+    explore_requested = Signal(str)
+
+    def __init__(self, ctx: Context, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.ctx = ctx
         # summary page
         self.summary_title = QLabel("Open a checkpoint: drop it here, or use File ▸ Open.")
         self.summary_title.setWordWrap(True)
-        self.by_dtype = _table(["dtype / kind", "entries", "bytes"])
-        self.by_prefix = _table(["prefix", "entries", "bytes"])
+        self.by_dtype = _table(["dtype / kind", "entries", "params", "bytes"])
+        self.by_prefix = _table(["prefix", "entries", "params", "bytes"])
         summary = QWidget()
         lay = QVBoxLayout(summary)
         lay.addWidget(self.summary_title)
@@ -84,19 +116,24 @@ class DetailsPanel(QStackedWidget):
         # entry page
         self.props = QFormLayout()
         self.prop_labels: dict[str, QLabel] = {}
-        for key in ("Name", "Kind", "Dtype", "Shape", "Elements", "Size", "Storage", "Shared with", "Value"):
+        for key in ("Name", "Kind", "Dtype", "Shape", "Elements", "Size", "Stored", "Shared with", "Value"):
             label = QLabel()
             label.setTextFormat(Qt.TextFormat.PlainText)  # names and values come from the file: never markup
             label.setWordWrap(True)
-            label.setTextInteractionFlags(
-                label.textInteractionFlags() | label.textInteractionFlags().TextSelectableByMouse
-            )
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.prop_labels[key] = label
             self.props.addRow(key, label)
+        self.group_table = _table(["dtype / kind", "entries", "params", "bytes"])
+        self.chunks_label = QLabel("Chunks")
         self.chunk_table = _table(["offsets", "sizes", "file", "offset", "length", "data offset"])
-        self.chunk_table.setMaximumHeight(150)
         self.drawing = ChunkDrawing()
+        self.preview_caption = QLabel()
+        self.preview_caption.setTextFormat(Qt.TextFormat.PlainText)
+        self.explore_button = QPushButton("Explore values…")
+        self.explore_button.setToolTip("Page through any 2-D slice, heatmap, copy as CSV, export (Ctrl+E)")
+        self.explore_button.clicked.connect(lambda: self.explore_requested.emit(self.current or ""))
         self.preview = _table([])
+        self.preview.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectItems)
         self.preview.setMinimumHeight(160)
         self.stats_label = QLabel()
         self.stats_label.setWordWrap(True)
@@ -106,19 +143,25 @@ class DetailsPanel(QStackedWidget):
         box = QGroupBox("Properties")
         box.setLayout(self.props)
         lay.addWidget(box)
-        lay.addWidget(QLabel("Chunks"))
+        lay.addWidget(self.group_table)
+        lay.addWidget(self.chunks_label)
         lay.addWidget(self.chunk_table)
         lay.addWidget(self.drawing)
         self.values_box = QGroupBox("Values")
         vlay = QVBoxLayout(self.values_box)
+        head = QHBoxLayout()
+        head.addWidget(self.preview_caption, 1)
+        head.addWidget(self.explore_button)
+        vlay.addLayout(head)
         vlay.addWidget(self.preview)
         vlay.addWidget(self.stats_label)
         vlay.addWidget(self.histogram)
         lay.addWidget(self.values_box)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setWidget(entry)
-        self.addWidget(scroll)
+        lay.addStretch(1)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setWidget(entry)
+        self.addWidget(self.scroll_area)
         self.current: str | None = None
 
     def show_summary(self, ckpt: Checkpoint | None) -> None:
@@ -130,56 +173,125 @@ class DetailsPanel(QStackedWidget):
             _fill(self.by_prefix, [])
             return
         tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
+        params = sum(e.numel for e in ckpt.entries.values())
         self.summary_title.setText(
-            f"<b>{html.escape(printable(ckpt.path.name))}</b> — {ckpt.format}, {tensors} tensors, "
-            f"{len(ckpt.entries) - tensors} other values, {human_bytes(ckpt.tensor_bytes)}"
+            f"<b>{html.escape(printable(ckpt.path.name))}</b> — {ckpt.format}, {tensors:,} tensors "
+            f"({human_count(params)} parameters, {human_bytes(ckpt.tensor_bytes)}), "
+            f"{len(ckpt.entries) - tensors:,} other values"
         )
-        _fill(self.by_dtype, [[k, t.count, human_bytes(t.nbytes)] for k, t in ckpt.totals_by_dtype().items()])
+        _fill(self.by_dtype, _by_kind(ckpt.tree))
+        totals = aggregate(ckpt.tree)
         _fill(
             self.by_prefix,
-            [[printable(k), t.count, human_bytes(t.nbytes)] for k, t in ckpt.totals_by_prefix().items()],
+            [
+                [
+                    printable(name),
+                    f"{totals[id(n)].entries:,}",
+                    human_count(totals[id(n)].params),
+                    human_bytes(totals[id(n)].nbytes),
+                ]
+                for name, n in ckpt.tree.children.items()
+            ],
         )
 
-    def show_node(self, ckpt: Checkpoint, node: Node, chunks: list[Chunk]) -> None:
-        """Properties and chunk layout (cheap, from the model); values follow via show_preview."""
+    def show_selection(self, ckpt: Checkpoint | None, node: Node | None) -> None:
+        """Show what is selected: the summary for nothing, else the node, then (from a worker) its
+        values, statistics and resolved chunk offsets."""
+        if ckpt is None or node is None:
+            self.show_summary(ckpt)
+            return
+        entry = node.entry
+        try:
+            chunks = ckpt.chunks(entry.fqn) if entry is not None else []
+        except Exception as e:  # a damaged entry: say so, show what the model knows
+            self.ctx.notifier.error(e)
+            chunks = []
+        self.show_node(ckpt, node, chunks)
+        if entry is None:
+            return
+        fqn, tensor = entry.fqn, entry.kind == "tensor"
+
+        def work(progress: Any, cancel: Any) -> tuple[str, Any, Any, Any]:
+            values = preview_values(ckpt, fqn)
+            stats = tensor_stats(ckpt, fqn, bins=40, progress=progress, cancel=cancel) if tensor else None
+            resolved = ckpt.resolve_chunks(fqn) if tensor else []
+            return fqn, values, stats, resolved
+
+        def done(result: tuple[str, Any, Any, Any]) -> None:
+            fqn, values, stats, resolved = result
+            if resolved and self.current == fqn:
+                self.show_node(ckpt, node, resolved, keep_scroll=True)
+            self.show_preview(fqn, values, stats)
+
+        self.ctx.start("preview", work, done)
+
+    def show_node(self, ckpt: Checkpoint, node: Node, chunks: list[Chunk], *, keep_scroll: bool = False) -> None:
+        """Properties and chunk layout (cheap, from the model); values follow via show_preview.
+        A new selection starts at the top of the page."""
         e = node.entry
         self.setCurrentIndex(1)
-        self.current = node.path
-        values = {k: "" for k in self.prop_labels}
+        if not keep_scroll:
+            self.scroll_area.verticalScrollBar().setValue(0)
+        self.current = e.fqn if e is not None else None
+        values = dict.fromkeys(self.prop_labels, "")
         values["Name"] = printable(node.path or node.name)
-        values["Size"] = human_bytes(node.totals.nbytes)
+        agg = aggregate(node)[id(node)]
         if e is None:
-            values["Kind"] = f"group of {node.totals.count} entries"
+            values["Kind"] = f"group of {agg.entries:,} entries"
+            values["Elements"] = f"{agg.params:,} in its tensors"
+            values["Size"] = human_bytes(agg.nbytes)
         else:
-            values["Kind"] = e.kind
+            values["Kind"] = "tensor" if e.kind == "tensor" else value_type(e)
             values["Dtype"] = dtype_name(e.dtype) or ""
             values["Shape"] = str(list(e.shape)) if e.shape is not None else ""
             if e.shard_of is not None:
                 values["Shape"] += f" — a shard, at {list(e.shard_of[0])} of a larger tensor"
-            values["Elements"] = f"{e.numel:,}" if e.kind == "tensor" else ""
+            if e.kind == "tensor":
+                values["Elements"] = f"{e.numel:,}"
+                values["Size"] = human_bytes(e.nbytes)
             if e.storage is not None:
-                values["Storage"] = f"record data/{e.storage}, offset {e.storage_offset}, stride {list(e.stride or ())}"
+                values["Stored"] = f"record data/{e.storage}, offset {e.storage_offset}, stride {list(e.stride or ())}"
+            elif e.kind == "bytes":
+                values["Stored"] = (
+                    f"a pickle of {human_bytes(e.byte_size)} in {chunks[0].file if chunks else 'a data file'}"
+                )
+            elif e.kind == "object":
+                values["Stored"] = "in the checkpoint's pickle"
             values["Shared with"] = printable(", ".join(e.shared_with))
             if e.kind == "object":
                 values["Value"] = short_repr(e.value, 400)
         for key, label in self.prop_labels.items():
             label.setText(values[key])
+            self.props.setRowVisible(label, bool(values[key]))
+        group = e is None or bool(node.children)
+        self.group_table.setVisible(group)
+        if group:
+            _fill(self.group_table, _by_kind(node))
+            _fit_height(self.group_table)
+        tensor_chunks = chunks if e is not None and e.kind == "tensor" else []
         _fill(
             self.chunk_table,
-            [[list(c.offsets), list(c.sizes), c.file, c.offset, c.length, c.data_offset] for c in chunks],
+            [[list(c.offsets), list(c.sizes), c.file, c.offset, c.length, c.data_offset] for c in tensor_chunks],
         )
-        self.drawing.set_chunks(e.shape or () if e is not None else (), chunks, ckpt.path)
-        self.drawing.setVisible(bool(chunks))
-        self.values_box.setVisible(e is not None and e.kind != "object")
+        _fit_height(self.chunk_table, 6)
+        for w in (self.chunks_label, self.chunk_table):
+            w.setVisible(bool(tensor_chunks))
+        self.drawing.set_chunks(e.shape or () if e is not None else (), tensor_chunks, ckpt.path)
+        self.drawing.setVisible(bool(tensor_chunks))
+        self.values_box.setVisible(e is not None)
+        self.explore_button.setVisible(e is not None and e.kind == "tensor")
         self.preview.clear()
         self.preview.setRowCount(0)
         self.preview.setColumnCount(0)
+        self.preview_caption.setText("reading…" if e is not None else "")
         self.stats_label.setText("computing…" if e is not None and e.kind == "tensor" else "")
         self.histogram.set_data([], [])
 
-    def show_preview(self, fqn: str, values: Any, stats: TensorStats | None) -> None:
+    def show_preview(self, fqn: str, preview: Preview, stats: TensorStats | None) -> None:
         if fqn != self.current:
             return  # the selection moved on while the worker ran
+        values, caption = preview
+        self.preview_caption.setText(f"Showing {caption}")
         if isinstance(values, list):
             rows = values if values and isinstance(values[0], list) else [values]
             self.preview.setColumnCount(max((len(r) for r in rows), default=0))
@@ -189,6 +301,9 @@ class DetailsPanel(QStackedWidget):
             self.preview.setColumnCount(1)
             self.preview.setHorizontalHeaderLabels(["value"])
             _fill(self.preview, [[short_repr(values, 500)]])
+            self.prop_labels["Value"].setText(short_repr(values, 400))
+            self.prop_labels["Kind"].setText(f"value ({type(values).__name__})")
+            self.props.setRowVisible(self.prop_labels["Value"], True)
         if stats is None:
             self.stats_label.setText("")
             return
@@ -198,6 +313,22 @@ class DetailsPanel(QStackedWidget):
             + (f" ({stats.note})" if stats.note else "")
         )
         self.histogram.set_data(stats.hist_edges, stats.hist_counts)
+
+
+def _by_kind(node: Node) -> list[list[Any]]:
+    """Rows of (dtype or "value", entries, params, bytes) below ``node``, largest first."""
+    rows: dict[str, list[int]] = {}
+    for n in node.walk():
+        e = n.entry
+        if e is None:
+            continue
+        key = (dtype_name(e.dtype) or "tensor") if e.kind == "tensor" else "value"
+        row = rows.setdefault(key, [0, 0, 0])
+        row[0] += 1
+        row[1] += e.numel
+        row[2] += e.nbytes if e.kind == "tensor" else 0
+    ordered = sorted(rows.items(), key=lambda kv: (-kv[1][2], kv[0]))
+    return [[k, f"{c:,}", human_count(p), human_bytes(b)] for k, (c, p, b) in ordered]
 
 
 def _fmt(v: Any) -> str:

@@ -1,18 +1,20 @@
-"""Painted views: a tensor's chunk layout (boxes in its shape, byte ranges in its files) and a
-histogram. Both are plain QWidgets fed with core data; they read nothing themselves."""
+"""Painted views: a tensor's chunk layout (boxes in its shape, byte ranges in its files), a
+histogram and a heatmap of a slice. All are plain QWidgets fed with core data; they read nothing."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QImage, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from dcpstudio.core import Chunk
+from dcpstudio.core.slices import SliceSummary
 
-__all__ = ["ChunkDrawing", "Histogram"]
+__all__ = ["ChunkDrawing", "Heatmap", "Histogram", "heat_colour"]
 
 _PALETTE = ["#f97316", "#3b82f6", "#10b981", "#a855f7", "#ef4444", "#eab308", "#06b6d4", "#ec4899"]
 
@@ -93,29 +95,178 @@ class ChunkDrawing(QWidget):
 
 
 class Histogram(QWidget):
+    """Bars of a histogram with a count axis (left), a value axis (below) and, under the mouse,
+    the bin's range and count."""
+
+    _LEFT, _BOTTOM, _TOP = 56.0, 20.0, 6.0
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.counts: list[int] = []
         self.edges: list[float] = []
-        self.setMinimumHeight(110)
+        self.setMinimumHeight(140)
+        self.setMouseTracking(True)
 
     def set_data(self, edges: list[float], counts: list[int]) -> None:
         self.edges, self.counts = edges, counts
+        self.setToolTip("")
         self.update()
 
+    def _plot(self) -> QRectF:
+        return QRectF(
+            self._LEFT,
+            self._TOP,
+            max(10.0, self.width() - self._LEFT - 8),
+            max(10.0, self.height() - self._TOP - self._BOTTOM),
+        )
+
+    def bin_at(self, x: float) -> int | None:
+        plot = self._plot()
+        if not self.counts or not plot.left() <= x < plot.right():
+            return None
+        return min(len(self.counts) - 1, int((x - plot.left()) / plot.width() * len(self.counts)))
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        i = self.bin_at(event.position().x())
+        if i is None:
+            self.setToolTip("")
+            return
+        self.setToolTip(f"[{self.edges[i]:.6g}, {self.edges[i + 1]:.6g}): {self.counts[i]:,} values")
+
     def paintEvent(self, event: QPaintEvent) -> None:
-        if not self.counts:
+        if not self.counts or len(self.edges) != len(self.counts) + 1:
             return
         p = QPainter(self)
-        w, h = self.width(), self.height() - 18
+        plot = self._plot()
         top = max(self.counts) or 1
-        step = (w - 8) / len(self.counts)
+        step = plot.width() / len(self.counts)
         p.setPen(Qt.PenStyle.NoPen)
         p.setBrush(QColor("#3b82f6"))
         for i, c in enumerate(self.counts):
-            bh = (h - 4) * c / top
-            p.drawRect(QRectF(4 + i * step, h - bh, max(step - 1, 1), bh))
-        p.setPen(QPen(QColor("#9ca3af")))
-        p.drawText(QRectF(4, h + 2, w / 2, 16), Qt.AlignmentFlag.AlignLeft, f"{self.edges[0]:.4g}")
-        p.drawText(QRectF(w / 2, h + 2, w / 2 - 4, 16), Qt.AlignmentFlag.AlignRight, f"{self.edges[-1]:.4g}")
+            bh = plot.height() * c / top
+            p.drawRect(QRectF(plot.left() + i * step, plot.bottom() - bh, max(step - 1, 1), bh))
+        axis = QPen(QColor("#6b7280"))
+        p.setPen(axis)
+        p.drawLine(plot.bottomLeft(), plot.bottomRight())
+        p.drawLine(plot.bottomLeft(), plot.topLeft())
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        for frac in (0.0, 0.5, 1.0):  # counts
+            y = plot.bottom() - plot.height() * frac
+            p.drawLine(QPointF(plot.left() - 3, y), QPointF(plot.left(), y))
+            p.drawText(QRectF(0, y - 8, self._LEFT - 6, 16), right, f"{top * frac:,.0f}")
+        lo, hi = self.edges[0], self.edges[-1]
+        for k in range(5):  # values
+            x = plot.left() + plot.width() * k / 4
+            p.drawLine(QPointF(x, plot.bottom()), QPointF(x, plot.bottom() + 3))
+            align = (
+                Qt.AlignmentFlag.AlignLeft
+                if k == 0
+                else Qt.AlignmentFlag.AlignRight
+                if k == 4
+                else Qt.AlignmentFlag.AlignHCenter
+            )
+            box = QRectF(x - 45 if 0 < k < 4 else (x if k == 0 else x - 90), plot.bottom() + 3, 90, 16)
+            p.drawText(box, align, f"{lo + (hi - lo) * k / 4:.4g}")
+        p.end()
+
+
+_VIRIDIS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+
+
+def _ramp(stops: list[tuple[int, int, int]], t: float) -> QColor:
+    t = min(1.0, max(0.0, t)) * (len(stops) - 1)
+    i = min(int(t), len(stops) - 2)
+    f = t - i
+    a, b = stops[i], stops[i + 1]
+    return QColor(*(round(x + (y - x) * f) for x, y in zip(a, b, strict=True)))
+
+
+def heat_colour(v: float, lo: float, hi: float) -> QColor:
+    """Blue–white–red around 0 when the values straddle it, else a viridis ramp from lo to hi;
+    grey for a bin without finite values."""
+    if math.isnan(v):
+        return QColor("#d1d5db")
+    if lo < 0 < hi:
+        top = max(-lo, hi)
+        t = v / top
+        return _ramp([(37, 99, 235), (255, 255, 255), (220, 38, 38)], (t + 1) / 2)
+    return _ramp(_VIRIDIS, (v - lo) / (hi - lo) if hi > lo else 0.5)
+
+
+class Heatmap(QWidget):
+    """A slice's bin means as colours. ``clicked(row, col)``: the first cell of the bin clicked."""
+
+    clicked = Signal(int, int)
+    _MARGIN = 18.0
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.summary: SliceSummary | None = None
+        self._image: QImage | None = None
+        self._lo = self._hi = 0.0
+        self.setMinimumSize(160, 160)
+        self.setMouseTracking(True)
+
+    def set_summary(self, summary: SliceSummary | None) -> None:
+        self.summary = summary
+        self._image = None
+        if summary is not None and summary.heat:
+            finite = [v for row in summary.heat for v in row if not math.isnan(v)]
+            self._lo, self._hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+            rows, cols = len(summary.heat), len(summary.heat[0])
+            image = QImage(cols, rows, QImage.Format.Format_RGB32)
+            for i, row in enumerate(summary.heat):
+                for j, v in enumerate(row):
+                    image.setPixelColor(j, i, heat_colour(v, self._lo, self._hi))
+            self._image = image
+        self.setToolTip("")
+        self.update()
+
+    def _plot(self) -> QRectF:
+        m = self._MARGIN
+        return QRectF(m, m, max(1.0, self.width() - 2 * m), max(1.0, self.height() - 2 * m))
+
+    def bin_at(self, x: float, y: float) -> tuple[int, int] | None:
+        s, plot = self.summary, self._plot()
+        if s is None or not s.heat or not plot.contains(QPointF(x, y)):
+            return None
+        i = min(len(s.heat) - 1, int((y - plot.top()) / plot.height() * len(s.heat)))
+        j = min(len(s.heat[0]) - 1, int((x - plot.left()) / plot.width() * len(s.heat[0])))
+        return i, j
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        hit = self.bin_at(event.position().x(), event.position().y())
+        if hit is None or self.summary is None:
+            self.setToolTip("")
+            return
+        i, j = hit
+        s = self.summary
+        self.setToolTip(
+            f"rows {s.row_edges[i]}–{s.row_edges[i + 1] - 1}, columns {s.col_edges[j]}–{s.col_edges[j + 1] - 1}: "
+            f"mean {s.heat[i][j]:.6g}"
+        )
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        hit = self.bin_at(event.position().x(), event.position().y())
+        if hit is not None and self.summary is not None:
+            self.clicked.emit(self.summary.row_edges[hit[0]], self.summary.col_edges[hit[1]])
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        if self._image is None or self.summary is None:
+            return
+        p = QPainter(self)
+        plot = self._plot()
+        p.drawImage(plot, self._image)
+        p.setPen(QPen(QColor("#6b7280")))
+        p.drawRect(plot)
+        s = self.summary
+        small = QRectF(plot.left(), 0, plot.width(), self._MARGIN)
+        p.drawText(small, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, "0")
+        p.drawText(small, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, f"{s.col_edges[-1] - 1}")
+        below = QRectF(plot.left(), plot.bottom(), plot.width(), self._MARGIN)
+        p.drawText(
+            below,
+            Qt.AlignmentFlag.AlignCenter,
+            f"rows 0–{s.row_edges[-1] - 1} ↓ · colour: mean {self._lo:.3g} … {self._hi:.3g}",
+        )
         p.end()

@@ -1,14 +1,29 @@
-"""A file system tree that names the checkpoint format of what it shows (by content, cached)."""
+"""The file browser: a path bar with Up and Home, over a file system tree that names the checkpoint
+format of what it shows (by content, cached). It follows what the window opens, and never moves a
+file: drags out of it offer a copy only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtWidgets import QFileSystemModel, QTreeView, QWidget
+from PySide6.QtCore import QDir, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileSystemModel,
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QStyle,
+    QToolButton,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
+)
 
 from dcpstudio.core import DCPStudioError, detect_format
+
+from ..proxies import change_filter
 
 __all__ = ["CheckpointFileModel", "FileBrowser"]
 
@@ -22,6 +37,10 @@ class CheckpointFileModel(QFileSystemModel):
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self._cache: dict[tuple[str, float], str] = {}
+        self.setFilter(QDir.Filter.AllDirs | QDir.Filter.Files | QDir.Filter.NoDotAndDotDot | QDir.Filter.Hidden)
+
+    def supportedDragActions(self) -> Qt.DropAction:
+        return Qt.DropAction.CopyAction  # a file manager receiving the drag may copy, never move
 
     def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
         return super().columnCount(parent) + 1
@@ -55,21 +74,109 @@ class CheckpointFileModel(QFileSystemModel):
         return super().headerData(section, orientation, role)
 
 
-class FileBrowser(QTreeView):
+class HiddenFilter(QSortFilterProxyModel):
+    """Hides dot-files and dot-folders, except those on the way to what the browser shows (the
+    demo lives in ~/.local/share): a folder below a hidden one stays reachable."""
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.keep: set[str] = set()
+
+    def keep_path(self, path: str) -> None:
+        parts = Path(path).parts
+        more = {str(Path(*parts[: i + 1])) for i in range(len(parts))} - self.keep
+        if more:
+            change_filter(self, lambda: self.keep.update(more))
+
+    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex | QPersistentModelIndex) -> bool:
+        model = self.sourceModel()
+        index = model.index(source_row, 0, source_parent)
+        name = str(index.data())
+        if not name.startswith("."):
+            return True
+        assert isinstance(model, QFileSystemModel)
+        return model.filePath(index) in self.keep
+
+
+class FileBrowser(QWidget):
+    """``activated(path)`` when a file or folder is double-clicked or Enter is pressed on it."""
+
+    activated = Signal(object)
+
     def __init__(self, root: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.fs = CheckpointFileModel(self)
-        self.fs.setRootPath(root)
-        self.setModel(self.fs)
-        self.setRootIndex(self.fs.index(root))
+        self.fs.setRootPath("/")
+        self.shown = HiddenFilter(self)
+        self.shown.setSourceModel(self.fs)
+        self.view = QTreeView()
+        self.view.setModel(self.shown)
         for col in (1, 2, 3):
-            self.setColumnHidden(col, True)
-        self.setColumnWidth(0, 220)
-        self.setDragEnabled(True)
+            self.view.setColumnHidden(col, True)
+        header = self.view.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(4, QHeaderView.ResizeMode.ResizeToContents)
+        self.view.setDragEnabled(True)
+        self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragOnly)
+        self.view.setDefaultDropAction(Qt.DropAction.CopyAction)
+        self.view.activated.connect(lambda index: self.activated.emit(self.path_at(index)))
+        self.path_bar = QLineEdit()
+        self.path_bar.setToolTip("The folder shown; type a path and press Enter to go there")
+        self.path_bar.returnPressed.connect(lambda: self.set_root(self.path_bar.text()))
+        self.up_button = QToolButton()
+        self.up_button.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_FileDialogToParent))
+        self.up_button.setToolTip("Up one folder (Alt+Up)")
+        self.up_button.setShortcut("Alt+Up")
+        self.up_button.clicked.connect(self.go_up)
+        self.home_button = QToolButton()
+        self.home_button.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_DirHomeIcon))
+        self.home_button.setToolTip("Home folder")
+        self.home_button.clicked.connect(lambda: self.set_root(str(Path.home())))
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(self.up_button)
+        bar.addWidget(self.home_button)
+        bar.addWidget(self.path_bar, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(bar)
+        layout.addWidget(self.view)
+        self.root = ""
+        self.set_root(root if Path(root).is_dir() else str(Path.home()))
 
     def set_root(self, root: str) -> None:
-        self.fs.setRootPath(root)
-        self.setRootIndex(self.fs.index(root))
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            self.path_bar.setText(self.root)
+            return
+        self.root = str(path.resolve())
+        self.shown.keep_path(self.root)
+        self.view.setRootIndex(self._index(self.root))
+        self.path_bar.setText(self.root)
+        self.up_button.setEnabled(Path(self.root).parent != Path(self.root))
+
+    def go_up(self) -> None:
+        self.set_root(str(Path(self.root).parent))
+
+    def reveal(self, path: Path, *, expand: bool = False) -> None:
+        """Show ``path`` selected (rooted at its folder unless it already lies below the root);
+        ``expand`` opens it too (a folder)."""
+        path = Path(path).resolve()
+        if not str(path).startswith(self.root.rstrip("/") + "/"):
+            self.set_root(str(path.parent))
+        self.shown.keep_path(str(path))
+        index = self._index(str(path))
+        if not index.isValid():
+            return
+        self.view.setCurrentIndex(index)
+        if expand:
+            self.view.expand(index)
+        # the model lists folders asynchronously: scroll once the rows exist
+        QTimer.singleShot(150, lambda: self.view.scrollTo(self._index(str(path))))
+
+    def _index(self, path: str) -> QModelIndex:
+        return self.shown.mapFromSource(self.fs.index(path))
 
     def path_at(self, index: QModelIndex) -> Path:
-        return Path(self.fs.filePath(index.siblingAtColumn(0)))
+        return Path(self.fs.filePath(self.shown.mapToSource(index.siblingAtColumn(0))))

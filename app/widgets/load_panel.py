@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
@@ -23,18 +22,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from dcpstudio.core.load import LAYOUTS
+from dcpstudio.core.load import LAYOUTS, run_load
 from dcpstudio.core.report import human_bytes
+
+from ..context import Context
+from ..workers import Job
 
 __all__ = ["LoadPanel"]
 
 
 class LoadPanel(QGroupBox):
-    load_requested = Signal()
-    cancel_requested = Signal()
-
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, ctx: Context, parent: QWidget | None = None) -> None:
         super().__init__("Load on N ranks", parent)
+        self.ctx = ctx
         self.ranks = QSpinBox()
         self.ranks.setRange(1, 64)
         self.ranks.setValue(2)
@@ -48,9 +48,9 @@ class LoadPanel(QGroupBox):
         form.addRow("Layout", self.layout_box)
         form.addRow("Mesh", self.mesh)
         self.load_button = QPushButton("Load and check")
-        self.load_button.clicked.connect(self.load_requested)
+        self.load_button.clicked.connect(self.load)
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.cancel_button.clicked.connect(lambda: self.ctx.board.cancel("load"))
         buttons = QHBoxLayout()
         buttons.addWidget(self.load_button)
         buttons.addWidget(self.cancel_button)
@@ -65,6 +65,7 @@ class LoadPanel(QGroupBox):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setTabKeyNavigation(False)
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addLayout(buttons)
@@ -72,6 +73,26 @@ class LoadPanel(QGroupBox):
         lay.addWidget(self.status)
         lay.addWidget(self.table)
         self.set_busy(False)
+
+    def load(self) -> Job | None:
+        """Spawn the ranks on the open checkpoint (a job: the window stays responsive)."""
+        ckpt = self.ctx.checkpoint()
+        if ckpt is None:
+            self.ctx.notifier.info("Open a checkpoint first.")
+            return None
+        path = ckpt.path
+        ranks = self.ranks.value()
+        layout = self.layout_box.currentText()
+        mesh = self.mesh.text().strip() or None
+        self.start(ranks)
+
+        def work(progress: Any, cancel: Any) -> list[Any]:
+            return run_load(path, ranks=ranks, layout=layout, mesh=mesh, on_progress=progress, cancel=cancel)
+
+        job = self.ctx.start("load", work, self.show_reports, lambda: self.set_busy(False), self.rank_progress)
+        job.cancelled.connect(lambda: self.status.setText("Cancelled; the ranks were stopped."))
+        job.errored.connect(lambda e: self.status.setText(f"Failed: {e}"))
+        return job
 
     def start(self, ranks: int) -> None:
         for bar in self.bars:

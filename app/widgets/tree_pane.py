@@ -1,45 +1,118 @@
-"""The middle pane: the open checkpoint's metadata tree, with a filter box above it.
+"""The middle pane: the open checkpoint's metadata tree, with a filter row above it.
 
 The tree is populated lazily (:class:`~dcpstudio.app.tree_model.CheckpointTreeModel`) and seen
-through :class:`~dcpstudio.app.tree_model.NameFilterProxy`; ``selection_changed`` fires when the
-selected row changes.
+through :class:`~dcpstudio.app.tree_model.EntryFilterProxy`. The filter takes a name (substring, or
+a regular expression with ".*" pressed), a dtype and a shape; matches are expanded and shown bold,
+with "n of N entries" beside the filter. ``selection_changed`` fires when the selected row changes;
+``context_requested(node, global_pos)`` when the user asks for an entry's menu.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, Qt, Signal
-from PySide6.QtWidgets import QHeaderView, QLineEdit, QTreeView, QVBoxLayout, QWidget
+import re
+
+from PySide6.QtCore import QModelIndex, QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QToolButton,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
+)
 
 from dcpstudio.core import Checkpoint, Node
+from dcpstudio.core.model import dtype_name
 
-from ..tree_model import NODE_ROLE, CheckpointTreeModel, NameFilterProxy
+from ..tree_model import CHUNKS, COLUMNS, NAME, NODE_ROLE, CheckpointTreeModel, EntryFilter, EntryFilterProxy
 
 __all__ = ["TreePane"]
+
+_EXPAND_LIMIT = 3000  # groups expanded to reveal matches; beyond this the user narrows the filter
+_ANY_DTYPE = "any dtype"
 
 
 class TreePane(QWidget):
     selection_changed = Signal()
+    context_requested = Signal(object, QPoint)
+    copy_requested = Signal(object)  # the node whose full name Ctrl+C copies
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.filter_box = QLineEdit()
-        self.filter_box.setPlaceholderText("Filter names…")
+        self.filter_box.setPlaceholderText("Filter names…  (Ctrl+F)")
         self.filter_box.setClearButtonEnabled(True)
-        self.filter_box.textChanged.connect(self._apply_filter)
+        self.filter_box.setToolTip("Entries whose full name contains this text (or matches it, with .* pressed)")
+        self.regex_button = QToolButton()
+        self.regex_button.setText(".*")
+        self.regex_button.setCheckable(True)
+        self.regex_button.setToolTip("Treat the filter as a regular expression")
+        self.dtype_box = QComboBox()
+        self.dtype_box.setToolTip("Only entries of this dtype")
+        self.dtype_box.addItem(_ANY_DTYPE)
+        self.shape_box = QLineEdit()
+        self.shape_box.setPlaceholderText("shape")
+        self.shape_box.setMaximumWidth(90)
+        self.shape_box.setToolTip(
+            "Only tensors of this shape: 4096 (any dimension is 4096), 4096x* (two dimensions, the first "
+            "4096), [*, 128], scalar"
+        )
+        self.match_label = QLabel()
+        self.match_label.setObjectName("matchLabel")
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(120)
+        self._debounce.timeout.connect(self.apply_filter)
+        self.filter_box.textChanged.connect(self._debounce.start)
+        self.shape_box.textChanged.connect(self._debounce.start)
+        self.regex_button.toggled.connect(self._debounce.start)
+        self.dtype_box.currentIndexChanged.connect(self._debounce.start)
+
         self.view = QTreeView()
         self.view.setSortingEnabled(True)
         self.view.setUniformRowHeights(True)
         self.view.setIndentation(14)
-        self.view.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
-        self.view.setColumnWidth(0, 280)
-        self.proxy = NameFilterProxy(self)
+        self.view.setAllColumnsShowFocus(True)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.view.customContextMenuRequested.connect(self._context_menu)
+        header = self.view.header()
+        header.setStretchLastSection(False)
+        header.setMinimumSectionSize(36)
+        header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        header.customContextMenuRequested.connect(self._header_menu)
+        copy = QAction("Copy full name", self.view)
+        copy.setShortcut(QKeySequence(QKeySequence.StandardKey.Copy))
+        copy.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        copy.triggered.connect(lambda: self.copy_requested.emit(self.selected_node()))
+        self.view.addAction(copy)
+        self.proxy = EntryFilterProxy(self)
         self.model: CheckpointTreeModel | None = None
         self._root: Node | None = None
+
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.filter_box, 1)
+        row.addWidget(self.regex_button)
+        row.addWidget(self.dtype_box)
+        row.addWidget(self.shape_box)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.filter_box)
+        layout.addLayout(row)
+        layout.addWidget(self.match_label)
         layout.addWidget(self.view)
+        self.setTabOrder(self.filter_box, self.regex_button)
+        self.setTabOrder(self.regex_button, self.dtype_box)
+        self.setTabOrder(self.dtype_box, self.shape_box)
+        self.setTabOrder(self.shape_box, self.view)
 
+    # -- showing a checkpoint -----------------------------------------------------------------------
     def show_checkpoint(self, ckpt: Checkpoint) -> None:
         """Show ``ckpt``'s tree (its chunk counts are computed as rows are shown)."""
         counts: dict[str, int] = {}
@@ -53,46 +126,136 @@ class TreePane(QWidget):
             return counts[fqn]
 
         self._root = ckpt.tree
+        old = self.model
         self.model = CheckpointTreeModel(ckpt.tree, chunk_count, self)
         self.proxy.setSourceModel(self.model)
-        self.view.setModel(self.proxy)
+        if old is not None:
+            old.deleteLater()
+        if self.view.model() is not self.proxy:
+            self.view.setModel(self.proxy)
+            self.view.selectionModel().selectionChanged.connect(lambda *_: self.selection_changed.emit())
+            header = self.view.header()
+            header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
+            for col in range(1, len(COLUMNS)):
+                header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # file order until a header is clicked
-        self.view.setColumnWidth(0, 300)
-        self.view.selectionModel().selectionChanged.connect(lambda *_: self.selection_changed.emit())
-        self._apply_filter(self.filter_box.text())
+        self._fill_dtypes(ckpt)
+        self.view.setColumnHidden(CHUNKS, ckpt.format != "dcp" and not self._chunked(ckpt))
+        self.apply_filter()
 
-    def _apply_filter(self, text: str) -> None:
-        self.proxy.set_pattern(text, self._root)
-        if text:
-            self.view.expandToDepth(2)
+    @staticmethod
+    def _chunked(ckpt: Checkpoint) -> bool:
+        return any(e.shard_of is not None for e in ckpt.entries.values())
 
+    def _fill_dtypes(self, ckpt: Checkpoint) -> None:
+        current = self.dtype_box.currentText()
+        names = sorted({dtype_name(e.dtype) or "" for e in ckpt.entries.values() if e.kind == "tensor"} - {""})
+        has_values = any(e.kind != "tensor" for e in ckpt.entries.values())
+        self.dtype_box.blockSignals(True)
+        self.dtype_box.clear()
+        self.dtype_box.addItems([_ANY_DTYPE, *names, *(["value"] if has_values else [])])
+        self.dtype_box.setCurrentText(current if self.dtype_box.findText(current) >= 0 else _ANY_DTYPE)
+        self.dtype_box.blockSignals(False)
+
+    # -- filtering --------------------------------------------------------------------------------
+    def spec(self) -> EntryFilter:
+        dtype = self.dtype_box.currentText()
+        return EntryFilter(
+            self.filter_box.text().strip(),
+            self.regex_button.isChecked(),
+            "" if dtype == _ANY_DTYPE else dtype,
+            self.shape_box.text(),
+        )
+
+    def apply_filter(self) -> None:
+        """Filter now (typing waits a moment first). A bad pattern is marked and changes nothing."""
+        self._debounce.stop()
+        spec = self.spec()
+        was_filtering = self.proxy.filtering
+        keep = self.selected_node()
+        try:
+            self.proxy.set_filter(spec, self._root)
+        except (re.error, ValueError) as e:
+            self.match_label.setText(f"Not a valid pattern: {e}")
+            self.match_label.setProperty("error", True)
+            self._repolish(self.match_label)
+            return
+        self.match_label.setProperty("error", False)
+        self._repolish(self.match_label)
+        if self.proxy.filtering:
+            self.match_label.setText(f"{self.proxy.matched:,} of {self.proxy.total:,} entries match")
+            self._expand_matches()
+        else:
+            self.match_label.setText(f"{self.proxy.total:,} entries" if self._root is not None else "")
+            if was_filtering:
+                self.view.collapseAll()
+        if keep is not None:
+            self.select(keep.path, scroll=True)
+
+    @staticmethod
+    def _repolish(widget: QWidget) -> None:
+        widget.style().unpolish(widget)
+        widget.style().polish(widget)
+
+    def _expand_matches(self) -> None:
+        """Expand every visible group (they all lead to matches), breadth first, up to a limit."""
+        self.view.setUpdatesEnabled(False)
+        try:
+            queue = [QModelIndex()]
+            expanded = 0
+            while queue and expanded < _EXPAND_LIMIT:
+                parent = queue.pop(0)
+                while self.proxy.canFetchMore(parent):
+                    self.proxy.fetchMore(parent)
+                for row in range(self.proxy.rowCount(parent)):
+                    index = self.proxy.index(row, 0, parent)
+                    if self.proxy.hasChildren(index):
+                        self.view.expand(index)
+                        expanded += 1
+                        queue.append(index)
+        finally:
+            self.view.setUpdatesEnabled(True)
+
+    # -- selection and menus ------------------------------------------------------------------------
     def selected_node(self) -> Node | None:
         selection = self.view.selectionModel()
         indexes = selection.selectedRows() if selection else []
         node: Node | None = indexes[0].data(NODE_ROLE) if indexes else None
         return node
 
-    def select(self, fqn: str) -> bool:
+    def select(self, fqn: str, *, scroll: bool = True) -> bool:
         """Select the node whose path is ``fqn`` (expanding its parents); True when found."""
         if self.model is None:
             return False
-        parent = QModelIndex()
-        parts = fqn.split(".")
-        found = QModelIndex()
-        for depth in range(len(parts)):
-            path = ".".join(parts[: depth + 1])
-            while self.model.canFetchMore(parent):
-                self.model.fetchMore(parent)
-            found = QModelIndex()
-            for row in range(self.model.rowCount(parent)):
-                idx = self.model.index(row, 0, parent)
-                if self.model.node(idx).path == path:
-                    found = idx
-                    break
-            if not found.isValid():
-                return False
-            parent = found
+        found = self.model.index_of(fqn)
+        if not found.isValid() or self.model.node(found).path != fqn:
+            return False
         view_index = self.proxy.mapFromSource(found)
+        if not view_index.isValid():
+            return False  # filtered out
         self.view.setCurrentIndex(view_index)
-        self.view.scrollTo(view_index)
+        if scroll:
+            self.view.scrollTo(view_index)
         return True
+
+    def _context_menu(self, pos: QPoint) -> None:
+        index = self.view.indexAt(pos)
+        if not index.isValid():
+            return
+        self.view.setCurrentIndex(index)
+        node = index.data(NODE_ROLE)
+        if node is not None:
+            self.context_requested.emit(node, self.view.viewport().mapToGlobal(pos))
+
+    def column_menu(self) -> QMenu:
+        """Show or hide columns (the name column always shows)."""
+        menu = QMenu(self)
+        for col in range(1, len(COLUMNS)):
+            action = menu.addAction(COLUMNS[col])
+            action.setCheckable(True)
+            action.setChecked(not self.view.isColumnHidden(col))
+            action.toggled.connect(lambda on, c=col: self.view.setColumnHidden(c, not on))
+        return menu
+
+    def _header_menu(self, pos: QPoint) -> None:
+        self.column_menu().exec(self.view.header().mapToGlobal(pos))

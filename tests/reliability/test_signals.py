@@ -31,12 +31,15 @@ SLOW = r"""
 import sys, time
 from dcpstudio.core import progress
 real = progress.Reporter.advance
+calls = []
 def slow(self, *a, **k):
-    time.sleep(0.02)
+    if not calls:
+        print("started", flush=True)  # the conversion is under way: bytes are being written
+    calls.append(1)
+    time.sleep(0.25)
     return real(self, *a, **k)
 progress.Reporter.advance = slow
 from dcpstudio.cli import main
-print("started", flush=True)
 raise SystemExit(main(sys.argv[1:]))
 """
 
@@ -52,7 +55,7 @@ def test_signals_mid_conversion_leave_nothing(big_pt: Path, tmp_path: Path, sign
             text=True,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-        time.sleep(0.6)
+        time.sleep(0.1)
         os.kill(proc.pid, signum)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode in (128 + signum, 130), (proc.returncode, err)

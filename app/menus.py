@@ -1,0 +1,185 @@
+"""The window's menus and keyboard shortcuts, the entry context menu, Help › Read Me and About.
+
+Every action a pane offers is reachable from a menu with a shortcut, so the window can be used
+with the keyboard only; the same actions appear in the tree's context menu.
+"""
+
+from __future__ import annotations
+
+import html
+import platform
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
+
+from .widgets.convert_panel import TARGETS
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+__all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_readme"]
+
+
+def _action(parent: QWidget, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "") -> QAction:
+    action = QAction(text, parent)
+    if shortcut is not None:
+        action.setShortcut(QKeySequence(shortcut))
+    if tip:
+        action.setStatusTip(tip)
+    action.triggered.connect(lambda _=False: slot())
+    return action
+
+
+def build_menus(w: MainWindow) -> dict[str, QAction]:
+    """Fill ``w``'s menu bar; returns the actions by name (tests and the window use them)."""
+    bar = w.menuBar()
+    acts: dict[str, QAction] = {}
+
+    def add(menu: QMenu, name: str, *args: Any, **kwargs: Any) -> QAction:
+        action = acts[name] = _action(w, *args, **kwargs)
+        menu.addAction(action)
+        return action
+
+    file = bar.addMenu("&File")
+    add(file, "open", "Open &File…", w.ask_open_file, QKeySequence.StandardKey.Open)
+    add(file, "open_dir", "Open &Directory…", w.ask_open_dir, "Ctrl+Shift+O")
+    w.recent_menu = file.addMenu("Open &Recent")
+    w.recent_menu.aboutToShow.connect(w.fill_recent)
+    file.addSeparator()
+    add(file, "compare", "&Compare With…", w.compare_with, "Ctrl+D", "Compare the open checkpoint with another")
+    add(
+        file, "export", "&Export Tensor…", w.export_selected, "Ctrl+Shift+E", "Write the selected tensor to .npy or .pt"
+    )
+    file.addSeparator()
+    add(file, "quit", "&Quit", w.close, QKeySequence.StandardKey.Quit)
+
+    edit = bar.addMenu("&Edit")
+    add(edit, "find", "&Find…", w.focus_filter, QKeySequence.StandardKey.Find)
+    add(edit, "copy_name", "Copy Full &Name", w.copy_name, "Ctrl+Shift+C")
+    add(edit, "copy_shape", "Copy &Shape", w.copy_shape, "Ctrl+Alt+C")
+
+    view = bar.addMenu("&View")
+    for n, (name, title) in enumerate((("details", "&Details"), ("values", "&Values"), ("compare_tab", "C&ompare")), 1):
+        add(view, f"tab_{name}", title, lambda i=n - 1: w.show_view(i), f"Alt+{n}")
+    add(view, "explore", "&Explore Values", w.explore_selected, "Ctrl+E", "Page through the selected tensor")
+    view.addSeparator()
+    columns = view.addMenu("Tree &Columns")
+
+    def fill_columns() -> None:
+        columns.clear()
+        for a in w.tree_pane.column_menu().actions():
+            columns.addAction(a)
+
+    columns.aboutToShow.connect(fill_columns)
+
+    convert = bar.addMenu("&Convert")
+    for n, (target, title) in enumerate(TARGETS.items(), 1):
+        add(convert, f"to_{target}", f"To {title[2:]}…", lambda t=target: w.panel.convert(t), f"Ctrl+{n}")
+    convert.addSeparator()
+    add(
+        convert,
+        "verify",
+        "&Verify Result",
+        w.panel.verify,
+        "Ctrl+Shift+V",
+        "Compare the last conversion's source and result",
+    )
+    add(convert, "open_result", "Open &Result", w.panel.open_result, "Ctrl+Shift+R")
+    add(convert, "load", "&Load on Ranks…", w.show_load, "Ctrl+L")
+    convert.addSeparator()
+    cancel = add(convert, "cancel", "Ca&ncel", w.cancel_work, Qt.Key.Key_Escape, "Stop the running operation")
+    cancel.setEnabled(False)
+
+    help_menu = bar.addMenu("&Help")
+    add(help_menu, "readme", "&Read Me", lambda: show_readme(w), QKeySequence.StandardKey.HelpContents)
+    add(help_menu, "about", "&About DCP Studio", lambda: show_about(w))
+    return acts
+
+
+def entry_menu(w: MainWindow, node: Any) -> QMenu:
+    """The context menu of a tree row."""
+    menu = QMenu(w)
+    entry = node.entry
+    menu.addAction(_action(menu, "Copy full name", lambda: w.copy_text(node.path)))
+    if entry is not None and entry.shape is not None:
+        menu.addAction(_action(menu, "Copy shape", lambda: w.copy_text(str(list(entry.shape)))))
+    if entry is not None and entry.kind == "tensor":
+        menu.addSeparator()
+        menu.addAction(_action(menu, "Explore values", lambda: w.explore(entry.fqn)))
+        menu.addAction(_action(menu, "Export tensor…", lambda: w.export(entry.fqn)))
+    menu.addSeparator()
+    menu.addAction(
+        _action(
+            menu, "Filter to this group" if entry is None else "Filter to this name", lambda: w.filter_to(node.path)
+        )
+    )
+    menu.addAction(_action(menu, "Show in file manager", lambda: w.show_in_file_manager(node)))
+    return menu
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def about_html() -> str:
+    import PySide6
+
+    import dcpstudio
+    import dcpstudio.core as core
+
+    rows = [
+        ("DCP Studio", _version("dcpstudio")),
+        ("PyTorch", sys.modules["torch"].__version__ if "torch" in sys.modules else _version("torch")),
+        ("Python", platform.python_version()),
+        ("Qt / PySide6", PySide6.__version__),
+        ("Installed in", str(dcpstudio.__file__).rsplit("/", 1)[0]),
+        ("Core", str(core.__file__).rsplit("/", 1)[0]),
+        ("Settings", QSettings().fileName()),
+    ]
+    body = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return (
+        "<h3>DCP Studio</h3><p>Convert, inspect and load PyTorch checkpoints: DCP directories, torch.save files "
+        f"and safetensors.</p><table cellspacing='4'>{body}</table>"
+        "<p>Help › Read Me (F1) shows the manual.</p>"
+    )
+
+
+def show_about(parent: QWidget) -> None:
+    box = QMessageBox(parent)
+    box.setWindowTitle("About DCP Studio")
+    box.setTextFormat(Qt.TextFormat.RichText)
+    box.setText(about_html())
+    box.exec()
+
+
+def readme_text() -> str:
+    """The README, from the installed package's metadata (it is the project's long description)."""
+    try:
+        text = metadata.metadata("dcpstudio").get_payload()  # type: ignore[attr-defined]
+    except metadata.PackageNotFoundError:
+        text = ""
+    return str(text or "") or "The README is not available in this installation."
+
+
+def show_readme(parent: QWidget) -> QDialog:
+    dialog = QDialog(parent)
+    dialog.setWindowTitle("DCP Studio — Read Me")
+    view = QTextBrowser()
+    view.setOpenExternalLinks(True)
+    view.setMarkdown(readme_text())
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+    buttons.rejected.connect(dialog.reject)
+    lay = QVBoxLayout(dialog)
+    lay.addWidget(view)
+    lay.addWidget(buttons)
+    dialog.resize(820, 640)
+    dialog.show()
+    return dialog
