@@ -347,9 +347,9 @@ class MainWindow(QMainWindow):
     def selected_node(self) -> Node | None:
         return self.tree_pane.selected_node()
 
-    def select(self, fqn: str) -> bool:
+    def select(self, fqn: str, *, scroll: bool = True) -> bool:
         """Select the node whose path is ``fqn`` (expanding its parents); True when found."""
-        return self.tree_pane.select(fqn)
+        return self.tree_pane.select(fqn, scroll=scroll)
 
     def _selection_changed(self) -> None:
         self.details.show_selection(self.ckpt, self.selected_node())
