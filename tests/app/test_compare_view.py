@@ -25,8 +25,12 @@ def _rows(window: MainWindow) -> dict[str, Any]:
 
 def test_compare_lists_every_entry_with_status_and_numbers(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(0)
-    a = {"same": torch.randn(30, 20, generator=g), "moved": torch.randn(50, generator=g), "gone": torch.ones(2),
-         "step": 5}
+    a = {
+        "same": torch.randn(30, 20, generator=g),
+        "moved": torch.randn(50, generator=g),
+        "gone": torch.ones(2),
+        "step": 5,
+    }
     b = {"same": a["same"].clone(), "moved": a["moved"] * 1.01, "new": torch.zeros(3), "step": 5}
     torch.save(a, tmp_path / "a.pt")
     torch.save(b, tmp_path / "b.pt")
@@ -38,7 +42,11 @@ def test_compare_lists_every_entry_with_status_and_numbers(qtbot: Any, window: M
     finish(qtbot, window, "compare")
     rows = _rows(window)
     assert {k: r.status for k, r in rows.items()} == {
-        "same": "equal", "moved": "different", "gone": "only_a", "new": "only_b", "step": "equal"
+        "same": "equal",
+        "moved": "different",
+        "gone": "only_a",
+        "new": "only_b",
+        "step": "equal",
     }
     moved = rows["moved"]
     x, y = a["moved"].double(), b["moved"].double()
@@ -64,7 +72,9 @@ def test_compare_lists_every_entry_with_status_and_numbers(qtbot: Any, window: M
     assert view.a_caption.text().startswith("A: [:, :] rows 0–23")
 
 
-def test_compare_is_cancellable(qtbot: Any, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_is_cancellable(
+    qtbot: Any, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.save({f"t{i}": torch.randn(100) for i in range(50)}, tmp_path / "a.pt")
     open_by_drop(qtbot, window, tmp_path / "a.pt")
     started = threading.Event()

@@ -12,9 +12,9 @@ import torch
 from PySide6.QtCore import QMimeData, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
 
-from dcpstudio.app.widgets import convert_panel as cp
 from dcpstudio.app.main_window import MainWindow
 from dcpstudio.app.tree_model import CheckpointTreeModel
+from dcpstudio.app.widgets import convert_panel as cp
 from dcpstudio.core import open_checkpoint, torch_save_to_dcp
 from tests.conftest import assert_same, leftovers, rich_state_dict
 

@@ -122,8 +122,11 @@ def test_filter_reveals_highlights_and_counts_matches(qtbot: Any, window: MainWi
     pane.shape_box.setText("*")
     _wait_filter(qtbot, window)
     with open_checkpoint(demo[1]) as ckpt:
-        want = sum(1 for e in ckpt.entries.values() if e.kind == "tensor" and e.dtype and e.dtype.name == "float32"
-                   and len(e.shape or ()) == 1)
+        want = sum(
+            1
+            for e in ckpt.entries.values()
+            if e.kind == "tensor" and e.dtype and e.dtype.name == "float32" and len(e.shape or ()) == 1
+        )
     assert proxy.matched == want > 0
 
 
@@ -313,10 +316,7 @@ def test_pickle_messages_name_window_actions_and_missing_classes(
     qtbot: Any, window: MainWindow, tmp_path: Path
 ) -> None:
     path = tmp_path / "main_class.pt"
-    script = (
-        "import torch\nclass Foo:\n    pass\n"
-        f"torch.save({{'w': torch.ones(2), 'foo': Foo()}}, {str(path)!r})\n"
-    )
+    script = f"import torch\nclass Foo:\n    pass\ntorch.save({{'w': torch.ones(2), 'foo': Foo()}}, {str(path)!r})\n"
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     drop(window, path)
     qtbot.waitUntil(lambda: window.message_bar.level == "error", timeout=20_000)

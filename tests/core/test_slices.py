@@ -41,8 +41,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     convert(root / "s.pt", root / "s_split", to="dcp", max_file_size=3000)
     convert(root / "s.pt", root / "s.safetensors", to="safetensors")
     convert(root / "s.pt", root / "shards", to="safetensors", max_shard_size=2000)
-    return {"torch": root / "s.pt", "dcp": root / "s_dcp", "dcp-split": root / "s_split",
-            "safetensors": root / "s.safetensors", "shards": root / "shards"}
+    return {
+        "torch": root / "s.pt",
+        "dcp": root / "s_dcp",
+        "dcp-split": root / "s_split",
+        "safetensors": root / "s.safetensors",
+        "shards": root / "shards",
+    }
 
 
 @pytest.mark.parametrize("kind", ["torch", "dcp", "dcp-split", "safetensors", "shards"])
