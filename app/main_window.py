@@ -34,6 +34,7 @@ from .jobs import JobBoard
 from .menus import build_menus, entry_menu
 from .notify import Notifier
 from .settings import Settings
+from .tree_filter import TreeIndex
 from .widgets.compare_view import CompareView
 from .widgets.convert_panel import ConvertPanel, accept_copy, dropped_paths, suggest_destination
 from .widgets.details import DetailsPanel
@@ -78,7 +79,7 @@ class MainWindow(QMainWindow):
         self.tree_pane.selection_changed.connect(self._selection_changed)
         self.tree_pane.context_requested.connect(lambda node, pos: entry_menu(self, node).exec(pos))
         self.tree_pane.copy_requested.connect(self._copy_node)
-        self.filter_box, self.tree, self.proxy = self.tree_pane.filter_box, self.tree_pane.view, self.tree_pane.proxy
+        self.filter_box, self.tree = self.tree_pane.filter_box, self.tree_pane.view
         self.details = DetailsPanel(self.ctx)
         self.details.explore_requested.connect(self.explore)
         self.explorer = ValueExplorer(self.ctx)
@@ -106,7 +107,7 @@ class MainWindow(QMainWindow):
         split.addWidget(self.browser)
         split.addWidget(self.tree_pane)
         split.addWidget(right)
-        split.setSizes([250, 520, 630])
+        split.setSizes([230, 560, 610])
         self.setCentralWidget(split)
         self.activity = QLabel()
         self.torch_status = QLabel()
@@ -318,15 +319,16 @@ class MainWindow(QMainWindow):
         path = Path(path)
         self._pending_open = path
 
-        def work(progress: Any, cancel: Any) -> Checkpoint:
+        def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex]:
             ckpt = open_checkpoint(path, trust_pickle=trust_pickle)
-            ckpt.tree  # noqa: B018 - builds the tree and the storage index off the GUI thread
-            return ckpt
+            return ckpt, TreeIndex(
+                ckpt.tree, ckpt.chunk_count
+            )  # the tree (and a DCP's storage index) built off the GUI thread
 
-        self.board.start("open", work, self._opened)
+        self.board.start("open", work, lambda result: self._opened(*result))
         self._jobs_changed()
 
-    def _opened(self, ckpt: Checkpoint) -> None:
+    def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
         for kind in ("preview", "compare-values"):
             self.board.cancel(kind)  # they read the checkpoint about to be closed
         self.explorer.clear()
@@ -334,8 +336,8 @@ class MainWindow(QMainWindow):
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()
-        self.tree_pane.show_checkpoint(ckpt)
-        self.details.show_summary(ckpt)
+        self.tree_pane.show_checkpoint(ckpt, index)
+        self.details.show_summary(ckpt, self.tree_pane.model.tree.by_kind if self.tree_pane.model else None)
         self.views.setCurrentWidget(self.details)
         self.panel.keep_for(ckpt.path)
         self.settings.add_recent(ckpt.path)

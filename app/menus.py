@@ -11,16 +11,13 @@ import platform
 import sys
 from collections.abc import Callable
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
 
 from .widgets.convert_panel import TARGETS
-
-if TYPE_CHECKING:
-    from .main_window import MainWindow
 
 __all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_readme"]
 
@@ -35,8 +32,9 @@ def _action(parent: QWidget, text: str, slot: Callable[[], Any], shortcut: Any =
     return action
 
 
-def build_menus(w: MainWindow) -> dict[str, QAction]:
-    """Fill ``w``'s menu bar; returns the actions by name (tests and the window use them)."""
+def build_menus(w: Any) -> dict[str, QAction]:
+    """Fill the menu bar of ``w`` (the main window: typed loosely, it imports this module) and
+    return the actions by name (tests and the window use them)."""
     bar = w.menuBar()
     acts: dict[str, QAction] = {}
 
@@ -101,7 +99,7 @@ def build_menus(w: MainWindow) -> dict[str, QAction]:
     return acts
 
 
-def entry_menu(w: MainWindow, node: Any) -> QMenu:
+def entry_menu(w: Any, node: Any) -> QMenu:
     """The context menu of a tree row."""
     menu = QMenu(w)
     entry = node.entry

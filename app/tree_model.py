@@ -1,39 +1,28 @@
-"""The metadata tree of an open checkpoint as a Qt item model, populated lazily.
+"""The metadata tree of an open checkpoint as a Qt item model: lazy, filtered and sorted in place.
 
 A thin adapter over :class:`dcpstudio.core.Node`: children are exposed in batches through
 ``canFetchMore`` / ``fetchMore`` so a 100,000-entry checkpoint never creates all its rows at once.
-Groups show how many entries, parameters (elements) and tensor bytes lie below them.
-:class:`EntryFilterProxy` filters by name (substring or regular expression), dtype and shape: a
-group stays visible when anything below it matches, matching entries are highlighted, and group
-totals count the matches only.
+Filtering and sorting happen here rather than in a ``QSortFilterProxyModel``, whose re-filtering
+asks a Python model for millions of parents on a large tree: a filter resets the model to the
+matches (:class:`~.tree_filter.TreeIndex` finds them), a sort reorders each node's children as
+they are shown. Groups show how many entries, parameters and tensor bytes lie below them (of the
+matches, while filtering); matching entries are shown bold.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
+from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QBrush, QColor, QFont
 
-from dcpstudio.core import Entry, Node
-from dcpstudio.core.model import dtype_name, printable
+from dcpstudio.core import Node
+from dcpstudio.core.model import printable
 from dcpstudio.core.report import human_bytes
 
-from .proxies import change_filter
+from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex, human_count, value_type
 
-__all__ = [
-    "COLUMNS",
-    "NODE_ROLE",
-    "SORT_ROLE",
-    "Aggregate",
-    "CheckpointTreeModel",
-    "EntryFilter",
-    "EntryFilterProxy",
-    "human_count",
-    "value_type",
-]
+__all__ = ["COLUMNS", "NODE_ROLE", "SORT_ROLE", "CheckpointTreeModel"]
 
 COLUMNS = ("Name", "Type", "Shape", "Params", "Size", "Chunks")
 NAME, TYPE, SHAPE, PARAMS, SIZE, CHUNKS = range(len(COLUMNS))
@@ -41,82 +30,81 @@ NODE_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 _BATCH = 500
 AnyIndex = QModelIndex | QPersistentModelIndex
-
-
-def human_count(n: int) -> str:
-    """``1,234`` below ten thousand, then ``12.3 K``, ``1.2 M``, ``7.24 B``."""
-    if n < 10_000:
-        return f"{n:,}"
-    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return str(n)
-
-
-def value_type(entry: Entry) -> str:
-    """What the Type column says of an entry: its dtype, or "value" (with the Python type when the
-    format has it at hand) -- a number saved by DCP and by torch.save reads the same."""
-    if entry.kind == "tensor":
-        return dtype_name(entry.dtype) or "tensor"
-    if entry.kind == "object" and entry.value is not None:
-        return f"value ({type(entry.value).__name__})"
-    return "value"
-
-
-@dataclass
-class Aggregate:
-    """What lies below a node: entries, tensor elements (parameters) and tensor bytes."""
-
-    entries: int = 0
-    params: int = 0
-    nbytes: int = 0
-
-    def add_entry(self, e: Entry) -> None:
-        self.entries += 1
-        if e.kind == "tensor":
-            self.params += e.numel
-            self.nbytes += e.nbytes
-
-    def add(self, other: Aggregate) -> None:
-        self.entries += other.entries
-        self.params += other.params
-        self.nbytes += other.nbytes
-
-
-def aggregate(root: Node, keep: set[int] | None = None) -> dict[int, Aggregate]:
-    """Totals for every node below ``root`` (by ``id``), over all entries or those in ``keep``."""
-    out: dict[int, Aggregate] = {}
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:  # iterative post-order: trees may be deeper than Python's recursion limit
-        node, done = stack.pop()
-        if not done:
-            stack.append((node, True))
-            stack.extend((child, False) for child in node.children.values())
-            continue
-        agg = Aggregate()
-        if node.entry is not None and (keep is None or id(node) in keep):
-            agg.add_entry(node.entry)
-        for child in node.children.values():
-            sub = out.get(id(child))
-            if sub is not None:
-                agg.add(sub)
-        out[id(node)] = agg
-    return out
+_BOLD = QFont()
+_BOLD.setBold(True)
+_MATCH = QBrush(QColor(253, 230, 138, 110))
 
 
 class CheckpointTreeModel(QAbstractItemModel):
     """Rows are tree nodes; ``chunk_count(fqn)`` supplies the Chunks column (may be None)."""
 
-    def __init__(self, root: Node, chunk_count: Any = None, parent: Any = None) -> None:
+    def __init__(self, index: TreeIndex | Node, chunk_count: Any = None, parent: Any = None) -> None:
         super().__init__(parent)
-        self._root = root
+        self.tree = index if isinstance(index, TreeIndex) else TreeIndex(index)
+        self._root = self.tree.root
         self._chunk_count = chunk_count
+        self.selection: Selection | None = None  # None: no filter
+        self._sort: tuple[int, Qt.SortOrder] | None = None
         self._children: dict[int, list[Node]] = {}
         self._fetched: dict[int, int] = {}
         self._parents: dict[int, Node] = {}
         self._rows: dict[int, int] = {}
-        self.totals = aggregate(root)
+
+    # -- filter and sort ------------------------------------------------------------------------------
+    @property
+    def filtering(self) -> bool:
+        return self.selection is not None
+
+    @property
+    def matched(self) -> int:
+        return len(self.selection.matched) if self.selection is not None else len(self.tree.entries)
+
+    @property
+    def total(self) -> int:
+        return len(self.tree.entries)
+
+    def is_match(self, node: Node) -> bool:
+        return self.selection is not None and id(node) in self.selection.matched
+
+    def set_filter(self, spec: EntryFilter) -> None:
+        """Show only what ``spec`` matches (raises ``re.error`` / ``ValueError`` for a bad pattern,
+        changing nothing)."""
+        selection = self.tree.select(spec) if spec.active else None
+        self.beginResetModel()
+        self.selection = selection
+        self._forget()
+        self._fetched.clear()
+        self.endResetModel()
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        """Order each node's children by ``column`` (-1: as stored); expansion and selection stay."""
+        self.layoutAboutToBeChanged.emit()
+        old = self.persistentIndexList()
+        nodes = [(self.node(i), i.column()) for i in old]
+        self._sort = None if column < 0 else (column, order)
+        self._forget()
+        new = []
+        for node, col in nodes:
+            parent = self.tree.parent.get(id(node))
+            row = -1
+            if parent is not None:
+                self._kids(parent)
+                row = self._rows.get(id(node), -1)
+            ok = 0 <= row < self._fetched.get(id(parent), 0)
+            new.append(self.createIndex(row, col, node) if ok else QModelIndex())
+        self.changePersistentIndexList(old, new)
+        self.layoutChanged.emit()
+
+    def _forget(self) -> None:
+        self._children.clear()
+        self._parents.clear()
+        self._rows.clear()
+
+    def totals(self, node: Node) -> Aggregate:
+        if self.selection is not None:
+            return self.selection.totals.get(id(node), Aggregate())
+        t = node.totals
+        return Aggregate(t.count, t.params, t.tensor_bytes)
 
     # -- tree plumbing ----------------------------------------------------------------------------
     def node(self, index: AnyIndex) -> Node:
@@ -125,7 +113,14 @@ class CheckpointTreeModel(QAbstractItemModel):
     def _kids(self, node: Node) -> list[Node]:
         kids = self._children.get(id(node))
         if kids is None:
-            kids = self._children[id(node)] = list(node.children.values())
+            kids = list(node.children.values())
+            if self.selection is not None:
+                shown = self.selection.totals
+                kids = [k for k in kids if id(k) in shown]
+            if self._sort is not None:
+                col, order = self._sort
+                kids.sort(key=lambda k: self.sort_key(k, col), reverse=order == Qt.SortOrder.DescendingOrder)
+            self._children[id(node)] = kids
             for row, kid in enumerate(kids):
                 self._parents[id(kid)] = node
                 self._rows[id(kid)] = row
@@ -155,13 +150,14 @@ class CheckpointTreeModel(QAbstractItemModel):
     def hasChildren(self, parent: AnyIndex = QModelIndex()) -> bool:  # noqa: B008
         if parent.isValid() and parent.column() != 0:
             return False
-        return bool(self.node(parent).children)
+        node = self.node(parent)
+        return bool(self._kids(node)) if self.selection is not None else bool(node.children)
 
     def canFetchMore(self, parent: AnyIndex) -> bool:
         if parent.isValid() and parent.column() != 0:
             return False
         node = self.node(parent)
-        return self._fetched.get(id(node), 0) < len(node.children)
+        return self._fetched.get(id(node), 0) < len(self._kids(node))
 
     def fetchMore(self, parent: AnyIndex) -> None:
         node = self.node(parent)
@@ -175,23 +171,22 @@ class CheckpointTreeModel(QAbstractItemModel):
         self.endInsertRows()
 
     def index_of(self, path: str) -> QModelIndex:
-        """The index of the node at ``path`` (a dotted name), fetching its ancestors' rows."""
+        """The index of the node at ``path`` (a dotted name), fetching its ancestors' rows; invalid
+        when there is no such node or it is filtered out."""
         parent = QModelIndex()
         node = self._root
-        parts = path.split(".") if path else []
-        for depth in range(len(parts)):
-            child = node.children.get(parts[depth])
-            if child is None:  # a segment that itself holds dots ("a.b" under a flat name): search by path
-                want = ".".join(parts[: depth + 1])
-                child = next((c for c in node.children.values() if c.path == want), None)
-                if child is None:
-                    continue
+        for part in path.split(".") if path else []:
+            child = node.children.get(part)
+            if child is None:
+                return QModelIndex()
             self._kids(node)
-            row = self._rows[id(child)]
+            row = self._rows.get(id(child))
+            if row is None:
+                return QModelIndex()
             while self._fetched.get(id(node), 0) <= row:
                 self.fetchMore(parent)
             parent, node = self.index(row, 0, parent), child
-        return parent if node is not self._root else QModelIndex()
+        return parent
 
     # -- data -------------------------------------------------------------------------------------
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -205,18 +200,22 @@ class CheckpointTreeModel(QAbstractItemModel):
             }.get(section)
         return None
 
-    def cell(self, node: Node, col: int, agg: Aggregate) -> Any:
-        """The display text of ``node`` in column ``col``, with ``agg`` as its totals."""
+    def cell(self, node: Node, col: int) -> Any:
+        """The display text of ``node`` in column ``col``."""
         e = node.entry
         if col == NAME:
             return printable(node.name)
         group = e is None or bool(node.children)
-        if col == PARAMS:
-            return human_count(agg.params) if (group or (e is not None and e.kind == "tensor")) else None
-        if col == SIZE:
-            return human_bytes(agg.nbytes) if (group or (e is not None and e.kind == "tensor")) else None
+        if col in (PARAMS, SIZE):
+            if not group and (e is None or e.kind != "tensor"):
+                return None
+            agg = self.totals(node)
+            return human_count(agg.params) if col == PARAMS else human_bytes(agg.nbytes)
         if e is None:
-            return (f"{agg.entries:,} entries" if agg.entries != 1 else "1 entry") if col == TYPE else None
+            if col != TYPE:
+                return None
+            n = self.totals(node).entries
+            return f"{n:,} entries" if n != 1 else "1 entry"
         if col == TYPE:
             return value_type(e)
         if col == SHAPE:
@@ -225,34 +224,38 @@ class CheckpointTreeModel(QAbstractItemModel):
             return self._chunk_count(e.fqn)
         return None
 
-    def sort_key(self, node: Node, col: int, agg: Aggregate) -> Any:
+    def sort_key(self, node: Node, col: int) -> Any:
         if col == SIZE:
-            return agg.nbytes
+            return self.totals(node).nbytes
         if col == PARAMS:
-            return agg.params
-        if col == SHAPE and node.entry is not None:
-            return node.entry.numel
+            return self.totals(node).params
+        if col == SHAPE:
+            return node.entry.numel if node.entry is not None else -1
         if col == CHUNKS:
-            value = self.cell(node, col, agg)
+            value = self.cell(node, col)
             return value if isinstance(value, int) else -1
-        return str(self.cell(node, col, agg) or "")
+        return str(self.cell(node, col) or "").lower()
 
     def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
         node: Node = index.internalPointer()
-        if role == NODE_ROLE:
-            return node
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return self.cell(node, col, self.totals[id(node)])
+            return self.cell(node, col)
+        if role == NODE_ROLE:
+            return node
         if role == SORT_ROLE:
-            return self.sort_key(node, col, self.totals[id(node)])
+            return self.sort_key(node, col)
+        if role == Qt.ItemDataRole.FontRole:
+            return _BOLD if self.is_match(node) else None
+        if role == Qt.ItemDataRole.BackgroundRole:
+            return _MATCH if col == NAME and self.is_match(node) else None
         if role == Qt.ItemDataRole.ToolTipRole:
             if col == PARAMS:
-                return f"{self.totals[id(node)].params:,} elements"
+                return f"{self.totals(node).params:,} elements"
             if col == SIZE:
-                return f"{self.totals[id(node)].nbytes:,} bytes"
+                return f"{self.totals(node).nbytes:,} bytes"
             return printable(node.path)
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, SIZE, CHUNKS):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
@@ -262,131 +265,3 @@ class CheckpointTreeModel(QAbstractItemModel):
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
         return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
-
-
-_SHAPE_SPLIT = re.compile(r"[x×,\s]+")
-
-
-@dataclass(frozen=True)
-class EntryFilter:
-    """Which entries to show. ``text``: searched in the full name (a substring, case-insensitive,
-    or a regular expression with ``regex``). ``dtype``: a dtype name, or "value" for non-tensor
-    entries. ``shape``: "4096" (any dimension is 4096), "4096x*" (two dimensions, the first 4096),
-    "[*, 128]", or "scalar"."""
-
-    text: str = ""
-    regex: bool = False
-    dtype: str = ""
-    shape: str = ""
-
-    @property
-    def active(self) -> bool:
-        return bool(self.text or self.dtype or self.shape.strip())
-
-    def compile(self) -> Any:
-        """A predicate over entries; raises ``re.error`` / ``ValueError`` for a bad pattern."""
-        if self.regex and self.text:
-            pattern = re.compile(self.text, re.IGNORECASE)
-            name_ok: Any = lambda fqn: pattern.search(fqn) is not None  # noqa: E731
-        else:
-            needle = self.text.lower()
-            name_ok = lambda fqn: needle in fqn.lower()  # noqa: E731
-        shape_ok = _shape_predicate(self.shape)
-        dtype = self.dtype
-
-        def accept(e: Entry) -> bool:
-            if dtype:
-                if dtype == "value":
-                    if e.kind == "tensor":
-                        return False
-                elif e.kind != "tensor" or dtype_name(e.dtype) != dtype:
-                    return False
-            if shape_ok is not None and (e.kind != "tensor" or not shape_ok(tuple(e.shape or ()))):
-                return False
-            return name_ok(e.fqn)
-
-        return accept
-
-
-def _shape_predicate(text: str) -> Any:
-    text = text.strip().strip("[]()").strip()
-    if not text:
-        return None
-    if text.lower() == "scalar":
-        return lambda shape: shape == ()
-    parts = [p for p in _SHAPE_SPLIT.split(text) if p]
-    for p in parts:
-        if p != "*" and not p.isdigit():
-            raise ValueError(f"shape pattern: {p!r} is neither a number nor *")
-    if len(parts) == 1 and parts[0] != "*" and not re.search(r"[x×,]", text):
-        size = int(parts[0])
-        return lambda shape: size in shape
-    want = [None if p == "*" else int(p) for p in parts]
-    return lambda shape: len(shape) == len(want) and all(w is None or w == s for w, s in zip(want, shape, strict=True))
-
-
-class EntryFilterProxy(QSortFilterProxyModel):
-    """Shows matching entries and the groups above them; matches are bold; group totals count
-    matches only. :attr:`matched` / :attr:`total` are the entry counts behind "n of N"."""
-
-    def __init__(self, parent: Any = None) -> None:
-        super().__init__(parent)
-        self._visible: set[int] | None = None
-        self._matched_ids: set[int] = set()
-        self._totals: dict[int, Aggregate] = {}
-        self.matched = 0
-        self.total = 0
-        self.setSortRole(SORT_ROLE)
-
-    @property
-    def filtering(self) -> bool:
-        return self._visible is not None
-
-    def is_match(self, node: Node) -> bool:
-        return id(node) in self._matched_ids
-
-    def set_filter(self, spec: EntryFilter, root: Node | None) -> None:
-        """Apply ``spec`` (raises ``re.error`` / ``ValueError`` for a bad pattern, changing nothing)."""
-        total = sum(1 for n in root.walk() if n.entry is not None) if root is not None else 0
-        if not spec.active or root is None:
-            visible: set[int] | None = None
-            matched: set[int] = set()
-            totals: dict[int, Aggregate] = {}
-        else:
-            accept = spec.compile()
-            matched = {id(n) for n in root.walk() if n.entry is not None and accept(n.entry)}
-            totals = aggregate(root, matched)
-            visible = {k for k, agg in totals.items() if agg.entries}
-
-        def change() -> None:
-            self._visible, self._matched_ids, self._totals = visible, matched, totals
-            self.matched = len(matched) if visible is not None else total
-            self.total = total
-
-        change_filter(self, change)
-
-    def filterAcceptsRow(self, source_row: int, source_parent: AnyIndex) -> bool:
-        if self._visible is None:
-            return True
-        index = self.sourceModel().index(source_row, 0, source_parent)
-        return id(index.internalPointer()) in self._visible
-
-    def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if self._visible is not None and index.isValid():
-            source = self.mapToSource(index)
-            node: Node = source.internalPointer()
-            model = self.sourceModel()
-            if isinstance(model, CheckpointTreeModel) and node.children:
-                agg = self._totals.get(id(node), Aggregate())
-                if role == Qt.ItemDataRole.DisplayRole:
-                    return model.cell(node, index.column(), agg)
-                if role == SORT_ROLE:
-                    return model.sort_key(node, index.column(), agg)
-            if id(node) in self._matched_ids:
-                if role == Qt.ItemDataRole.FontRole:
-                    font = QFont()
-                    font.setBold(True)
-                    return font
-                if role == Qt.ItemDataRole.BackgroundRole and index.column() == NAME:
-                    return QBrush(QColor(253, 230, 138, 110))
-        return super().data(index, role)

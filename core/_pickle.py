@@ -72,19 +72,6 @@ def gc_paused() -> Iterator[None]:
 _GLOBAL_RE = re.compile(r"'([\w.]+)'")
 
 
-def missing_class_message(label: str, module: str, name: str) -> str:
-    where = (
-        "defined in the script that saved the file"
-        if module == "__main__"
-        else f"from {module.split('.')[0]!r}, which is not installed here or has no such name"
-    )
-    return (
-        f"{label}: its pickle needs the class {module}.{name} ({where}); the file is not damaged, but "
-        "it can only be loaded where that class exists (or re-saved there with plain types: tensors, "
-        "dicts, lists, numbers)"
-    )
-
-
 def unsafe_message(label: str, what: str) -> str:
     return (
         f"{label}: refused to load '{what}' from its pickle (it could run code); "
@@ -114,9 +101,7 @@ class _Restricted(pickle.Unpickler):
             try:
                 return super().find_class(module, name)
             except (ImportError, AttributeError) as e:
-                raise MissingClassError(
-                    missing_class_message(self._label, module, name), what=f"{module}.{name}"
-                ) from e
+                raise MissingClassError.for_class(self._label, module, name) from e
         raise UnsafePickleError(
             unsafe_message(self._label, f"{module}.{name}"), source=self._label, what=f"{module}.{name}"
         )

@@ -50,6 +50,20 @@ class MissingClassError(UnsupportedFormatError):
         super().__init__(message)
         self.what = what
 
+    @classmethod
+    def for_class(cls, label: str, module: str, name: str) -> MissingClassError:
+        where = (
+            "defined in the script that saved the file"
+            if module == "__main__"
+            else f"from {module.split('.')[0]!r}, which is not installed here or has no such name"
+        )
+        return cls(
+            f"{label}: its pickle needs the class {module}.{name} ({where}); the file is not damaged, but "
+            "it can only be loaded where that class exists (or re-saved there with plain types: tensors, "
+            "dicts, lists, numbers)",
+            what=f"{module}.{name}",
+        )
+
 
 class DestinationExistsError(DCPStudioError):
     """The destination exists and ``overwrite`` was not given."""

@@ -160,12 +160,25 @@ def short_repr(value: Any, limit: int = 200) -> str:
 
 @dataclass
 class Totals:
+    """Entries counted, their stored bytes, and of those the tensors' elements and bytes."""
+
     count: int = 0
     nbytes: int = 0
+    params: int = 0
+    tensor_bytes: int = 0
 
-    def add(self, nbytes: int) -> None:
+    def add(self, nbytes: int, params: int = 0, tensor_bytes: int = 0) -> None:
         self.count += 1
         self.nbytes += nbytes
+        self.params += params
+        self.tensor_bytes += tensor_bytes
+
+    def add_entry(self, entry: Entry) -> None:
+        nbytes = entry.nbytes
+        if entry.kind == "tensor":
+            self.add(nbytes, entry.numel, nbytes)
+        else:
+            self.add(nbytes)
 
 
 @dataclass
@@ -199,14 +212,16 @@ def _build_tree(entries: dict[str, Entry], root_name: str) -> Node:
     root = Node(root_name, "")
     for fqn, entry in entries.items():
         node = root
-        node.totals.add(entry.nbytes)
+        nbytes = entry.nbytes
+        params, tensor_bytes = (entry.numel, nbytes) if entry.kind == "tensor" else (0, 0)
+        node.totals.add(nbytes, params, tensor_bytes)
         parts = _segments(fqn)
         for i, part in enumerate(parts):
             child = node.children.get(part)
             if child is None:
                 child = node.children[part] = Node(part, ".".join(parts[: i + 1]))
             node = child
-            node.totals.add(entry.nbytes)
+            node.totals.add(nbytes, params, tensor_bytes)
         node.entry = entry  # a node may also have children: "a.b" and "a.b.c" can both exist
     return root
 

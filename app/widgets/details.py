@@ -26,11 +26,11 @@ from PySide6.QtWidgets import (
 )
 
 from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats, tensor_stats
-from dcpstudio.core.model import dtype_name, printable, short_repr
+from dcpstudio.core.model import Totals, dtype_name, printable, short_repr
 from dcpstudio.core.report import human_bytes
 
 from ..context import Context
-from ..tree_model import aggregate, human_count, value_type
+from ..tree_filter import human_count, totals_by_kind, value_type
 from .drawing import ChunkDrawing, Histogram
 
 __all__ = ["DetailsPanel", "Preview", "preview_values", "slice_label"]
@@ -164,7 +164,7 @@ class DetailsPanel(QStackedWidget):
         self.addWidget(self.scroll_area)
         self.current: str | None = None
 
-    def show_summary(self, ckpt: Checkpoint | None) -> None:
+    def show_summary(self, ckpt: Checkpoint | None, by_kind: dict[str, Totals] | None = None) -> None:
         self.current = None
         self.setCurrentIndex(0)
         if ckpt is None:
@@ -172,27 +172,16 @@ class DetailsPanel(QStackedWidget):
             _fill(self.by_dtype, [])
             _fill(self.by_prefix, [])
             return
-        tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
-        params = sum(e.numel for e in ckpt.entries.values())
+        by_dtype = by_kind if by_kind is not None else totals_by_kind(ckpt.tree.walk())
+        tensors = sum(t.count for k, t in by_dtype.items() if k != "value")
+        t = ckpt.tree.totals
         self.summary_title.setText(
             f"<b>{html.escape(printable(ckpt.path.name))}</b> — {ckpt.format}, {tensors:,} tensors "
-            f"({human_count(params)} parameters, {human_bytes(ckpt.tensor_bytes)}), "
-            f"{len(ckpt.entries) - tensors:,} other values"
+            f"({human_count(t.params)} parameters, {human_bytes(t.tensor_bytes)}), "
+            f"{t.count - tensors:,} other values"
         )
-        _fill(self.by_dtype, _by_kind(ckpt.tree))
-        totals = aggregate(ckpt.tree)
-        _fill(
-            self.by_prefix,
-            [
-                [
-                    printable(name),
-                    f"{totals[id(n)].entries:,}",
-                    human_count(totals[id(n)].params),
-                    human_bytes(totals[id(n)].nbytes),
-                ]
-                for name, n in ckpt.tree.children.items()
-            ],
-        )
+        _fill(self.by_dtype, _rows(by_dtype))
+        _fill(self.by_prefix, _rows({printable(k): n.totals for k, n in ckpt.tree.children.items()}))
 
     def show_selection(self, ckpt: Checkpoint | None, node: Node | None) -> None:
         """Show what is selected: the summary for nothing, else the node, then (from a worker) its
@@ -208,6 +197,12 @@ class DetailsPanel(QStackedWidget):
             chunks = []
         self.show_node(ckpt, node, chunks)
         if entry is None:
+            if node.totals.count > _GROUP_WALK:  # a large group's breakdown is read off the GUI thread
+                self.ctx.start(
+                    "preview",
+                    lambda p, c: _rows(totals_by_kind(node.walk())),
+                    lambda rows: self._group_rows(node, rows),
+                )
             return
         fqn, tensor = entry.fqn, entry.kind == "tensor"
 
@@ -225,6 +220,11 @@ class DetailsPanel(QStackedWidget):
 
         self.ctx.start("preview", work, done)
 
+    def _group_rows(self, node: Node, rows: list[list[Any]]) -> None:
+        if self.current is None and self.prop_labels["Name"].text() == printable(node.path or node.name):
+            _fill(self.group_table, rows)
+            _fit_height(self.group_table)
+
     def show_node(self, ckpt: Checkpoint, node: Node, chunks: list[Chunk], *, keep_scroll: bool = False) -> None:
         """Properties and chunk layout (cheap, from the model); values follow via show_preview.
         A new selection starts at the top of the page."""
@@ -235,11 +235,11 @@ class DetailsPanel(QStackedWidget):
         self.current = e.fqn if e is not None else None
         values = dict.fromkeys(self.prop_labels, "")
         values["Name"] = printable(node.path or node.name)
-        agg = aggregate(node)[id(node)]
+        agg = node.totals
         if e is None:
-            values["Kind"] = f"group of {agg.entries:,} entries"
+            values["Kind"] = f"group of {agg.count:,} entries"
             values["Elements"] = f"{agg.params:,} in its tensors"
-            values["Size"] = human_bytes(agg.nbytes)
+            values["Size"] = human_bytes(agg.tensor_bytes)
         else:
             values["Kind"] = "tensor" if e.kind == "tensor" else value_type(e)
             values["Dtype"] = dtype_name(e.dtype) or ""
@@ -266,7 +266,7 @@ class DetailsPanel(QStackedWidget):
         group = e is None or bool(node.children)
         self.group_table.setVisible(group)
         if group:
-            _fill(self.group_table, _by_kind(node))
+            _fill(self.group_table, _rows(totals_by_kind(node.walk())) if agg.count <= _GROUP_WALK else [])
             _fit_height(self.group_table)
         tensor_chunks = chunks if e is not None and e.kind == "tensor" else []
         _fill(
@@ -315,20 +315,13 @@ class DetailsPanel(QStackedWidget):
         self.histogram.set_data(stats.hist_edges, stats.hist_counts)
 
 
-def _by_kind(node: Node) -> list[list[Any]]:
-    """Rows of (dtype or "value", entries, params, bytes) below ``node``, largest first."""
-    rows: dict[str, list[int]] = {}
-    for n in node.walk():
-        e = n.entry
-        if e is None:
-            continue
-        key = (dtype_name(e.dtype) or "tensor") if e.kind == "tensor" else "value"
-        row = rows.setdefault(key, [0, 0, 0])
-        row[0] += 1
-        row[1] += e.numel
-        row[2] += e.nbytes if e.kind == "tensor" else 0
-    ordered = sorted(rows.items(), key=lambda kv: (-kv[1][2], kv[0]))
-    return [[k, f"{c:,}", human_count(p), human_bytes(b)] for k, (c, p, b) in ordered]
+_GROUP_WALK = 20_000  # entries below a group whose dtype breakdown is worth a walk on the GUI thread
+
+
+def _rows(totals: dict[str, Totals]) -> list[list[Any]]:
+    """Table rows (name, entries, params, tensor bytes), largest first."""
+    ordered = sorted(totals.items(), key=lambda kv: (-kv[1].tensor_bytes, -kv[1].count))
+    return [[k, f"{t.count:,}", human_count(t.params), human_bytes(t.tensor_bytes)] for k, t in ordered]
 
 
 def _fmt(v: Any) -> str:

@@ -142,6 +142,11 @@ class FileBrowser(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)
         layout.addWidget(self.view)
+        self._scroll_to = ""
+        self._scroll_timer = QTimer(self)  # a child: it dies with the browser, never fires after
+        self._scroll_timer.setSingleShot(True)
+        self._scroll_timer.setInterval(150)
+        self._scroll_timer.timeout.connect(self._scroll)
         self.root = ""
         self.set_root(root if Path(root).is_dir() else str(Path.home()))
 
@@ -172,8 +177,12 @@ class FileBrowser(QWidget):
         self.view.setCurrentIndex(index)
         if expand:
             self.view.expand(index)
-        # the model lists folders asynchronously: scroll once the rows exist
-        QTimer.singleShot(150, lambda: self.view.scrollTo(self._index(str(path))))
+        self._scroll_to = str(path)  # the model lists folders asynchronously: scroll once the rows exist
+        self._scroll_timer.start()
+
+    def _scroll(self) -> None:
+        if self._scroll_to:
+            self.view.scrollTo(self._index(self._scroll_to))
 
     def _index(self, path: str) -> QModelIndex:
         return self.shown.mapFromSource(self.fs.index(path))

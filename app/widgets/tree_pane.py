@@ -1,7 +1,7 @@
 """The middle pane: the open checkpoint's metadata tree, with a filter row above it.
 
-The tree is populated lazily (:class:`~dcpstudio.app.tree_model.CheckpointTreeModel`) and seen
-through :class:`~dcpstudio.app.tree_model.EntryFilterProxy`. The filter takes a name (substring, or
+The tree is populated lazily (:class:`~dcpstudio.app.tree_model.CheckpointTreeModel`, which also
+filters and sorts). The filter takes a name (substring, or
 a regular expression with ".*" pressed), a dtype and a shape; matches are expanded and shown bold,
 with "n of N entries" beside the filter. ``selection_changed`` fires when the selected row changes;
 ``context_requested(node, global_pos)`` when the user asks for an entry's menu.
@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (
 )
 
 from dcpstudio.core import Checkpoint, Node
-from dcpstudio.core.model import dtype_name
 
-from ..tree_model import CHUNKS, COLUMNS, NAME, NODE_ROLE, CheckpointTreeModel, EntryFilter, EntryFilterProxy
+from ..tree_filter import EntryFilter, TreeIndex
+from ..tree_model import CHUNKS, COLUMNS, NAME, NODE_ROLE, PARAMS, SHAPE, SIZE, TYPE, CheckpointTreeModel
 
 __all__ = ["TreePane"]
 
@@ -85,6 +85,7 @@ class TreePane(QWidget):
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setMinimumSectionSize(36)
+        header.setSectionsMovable(False)
         header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         header.customContextMenuRequested.connect(self._header_menu)
         copy = QAction("Copy full name", self.view)
@@ -92,9 +93,7 @@ class TreePane(QWidget):
         copy.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         copy.triggered.connect(lambda: self.copy_requested.emit(self.selected_node()))
         self.view.addAction(copy)
-        self.proxy = EntryFilterProxy(self)
         self.model: CheckpointTreeModel | None = None
-        self._root: Node | None = None
 
         row = QHBoxLayout()
         row.setContentsMargins(0, 0, 0, 0)
@@ -113,44 +112,47 @@ class TreePane(QWidget):
         self.setTabOrder(self.shape_box, self.view)
 
     # -- showing a checkpoint -----------------------------------------------------------------------
-    def show_checkpoint(self, ckpt: Checkpoint) -> None:
-        """Show ``ckpt``'s tree (its chunk counts are computed as rows are shown)."""
+    def show_checkpoint(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
+        """Show ``ckpt``'s tree (``index``: its :class:`TreeIndex`, when a worker built it already;
+        chunk counts are computed as rows are shown)."""
         counts: dict[str, int] = {}
 
         def chunk_count(fqn: str) -> int | None:
             if fqn not in counts:
                 try:
-                    counts[fqn] = len(ckpt.chunks(fqn))
+                    counts[fqn] = ckpt.chunk_count(fqn)
                 except Exception:  # a damaged entry: the column stays empty, selecting it explains
                     return None
             return counts[fqn]
 
-        self._root = ckpt.tree
         old = self.model
-        self.model = CheckpointTreeModel(ckpt.tree, chunk_count, self)
-        self.proxy.setSourceModel(self.model)
+        self.model = CheckpointTreeModel(index or TreeIndex(ckpt.tree), chunk_count, self)
+        self.view.setModel(self.model)
+        self.view.selectionModel().selectionChanged.connect(lambda *_: self.selection_changed.emit())
         if old is not None:
             old.deleteLater()
-        if self.view.model() is not self.proxy:
-            self.view.setModel(self.proxy)
-            self.view.selectionModel().selectionChanged.connect(lambda *_: self.selection_changed.emit())
-            header = self.view.header()
-            header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
-            for col in range(1, len(COLUMNS)):
-                header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self._size_columns(self.model.tree)
         self.view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # file order until a header is clicked
-        self._fill_dtypes(ckpt)
-        self.view.setColumnHidden(CHUNKS, ckpt.format != "dcp" and not self._chunked(ckpt))
+        self._fill_dtypes(self.model.tree)
+        self.view.setColumnHidden(CHUNKS, not self.model.tree.sharded)  # shown when a tensor is in pieces
         self.apply_filter()
 
-    @staticmethod
-    def _chunked(ckpt: Checkpoint) -> bool:
-        return any(e.shard_of is not None for e in ckpt.entries.values())
+    def _size_columns(self, tree: TreeIndex) -> None:
+        """Widths from the widest text each column can show (measuring rows would read them all):
+        the name column takes the rest."""
+        header = self.view.header()
+        metrics = self.view.fontMetrics()
+        pad = 2 * metrics.horizontalAdvance("0")
+        widest = {TYPE: tree.widest_type, SHAPE: tree.widest_shape, PARAMS: "999 M", SIZE: "1023.9 MiB", CHUNKS: "9999"}
+        header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
+        for col, text in widest.items():
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
+            width = max(metrics.horizontalAdvance(text) + pad, header.sectionSizeHint(col))
+            header.resizeSection(col, width)
 
-    def _fill_dtypes(self, ckpt: Checkpoint) -> None:
+    def _fill_dtypes(self, tree: TreeIndex) -> None:
         current = self.dtype_box.currentText()
-        names = sorted({dtype_name(e.dtype) or "" for e in ckpt.entries.values() if e.kind == "tensor"} - {""})
-        has_values = any(e.kind != "tensor" for e in ckpt.entries.values())
+        names, has_values = tree.dtypes, tree.has_values
         self.dtype_box.blockSignals(True)
         self.dtype_box.clear()
         self.dtype_box.addItems([_ANY_DTYPE, *names, *(["value"] if has_values else [])])
@@ -170,11 +172,15 @@ class TreePane(QWidget):
     def apply_filter(self) -> None:
         """Filter now (typing waits a moment first). A bad pattern is marked and changes nothing."""
         self._debounce.stop()
+        model = self.model
+        if model is None:
+            return
         spec = self.spec()
-        was_filtering = self.proxy.filtering
+        was_filtering = model.filtering
         keep = self.selected_node()
         try:
-            self.proxy.set_filter(spec, self._root)
+            if spec.active or was_filtering:
+                model.set_filter(spec)
         except (re.error, ValueError) as e:
             self.match_label.setText(f"Not a valid pattern: {e}")
             self.match_label.setProperty("error", True)
@@ -182,13 +188,11 @@ class TreePane(QWidget):
             return
         self.match_label.setProperty("error", False)
         self._repolish(self.match_label)
-        if self.proxy.filtering:
-            self.match_label.setText(f"{self.proxy.matched:,} of {self.proxy.total:,} entries match")
+        if model.filtering:
+            self.match_label.setText(f"{model.matched:,} of {model.total:,} entries match")
             self._expand_matches()
         else:
-            self.match_label.setText(f"{self.proxy.total:,} entries" if self._root is not None else "")
-            if was_filtering:
-                self.view.collapseAll()
+            self.match_label.setText(f"{model.total:,} entries")
         if keep is not None:
             self.select(keep.path, scroll=True)
 
@@ -203,13 +207,15 @@ class TreePane(QWidget):
         try:
             queue = [QModelIndex()]
             expanded = 0
+            model = self.model
+            assert model is not None
             while queue and expanded < _EXPAND_LIMIT:
                 parent = queue.pop(0)
-                while self.proxy.canFetchMore(parent):
-                    self.proxy.fetchMore(parent)
-                for row in range(self.proxy.rowCount(parent)):
-                    index = self.proxy.index(row, 0, parent)
-                    if self.proxy.hasChildren(index):
+                while model.canFetchMore(parent):
+                    model.fetchMore(parent)
+                for row in range(model.rowCount(parent)):
+                    index = model.index(row, 0, parent)
+                    if model.hasChildren(index):
                         self.view.expand(index)
                         expanded += 1
                         queue.append(index)
@@ -229,13 +235,10 @@ class TreePane(QWidget):
             return False
         found = self.model.index_of(fqn)
         if not found.isValid() or self.model.node(found).path != fqn:
-            return False
-        view_index = self.proxy.mapFromSource(found)
-        if not view_index.isValid():
-            return False  # filtered out
-        self.view.setCurrentIndex(view_index)
+            return False  # no such node, or filtered out
+        self.view.setCurrentIndex(found)
         if scroll:
-            self.view.scrollTo(view_index)
+            self.view.scrollTo(found)
         return True
 
     def _context_menu(self, pos: QPoint) -> None:

@@ -79,7 +79,7 @@ class Checkpoint:
         out: dict[str, Totals] = {}
         for e in self.entries.values():
             key = dtype_name(e.dtype) if e.kind == "tensor" else e.kind
-            out.setdefault(key or "?", Totals()).add(e.nbytes)
+            out.setdefault(key or "?", Totals()).add_entry(e)
         return dict(sorted(out.items(), key=lambda kv: -kv[1].nbytes))
 
     def totals_by_prefix(self) -> dict[str, Totals]:
@@ -109,6 +109,10 @@ class Checkpoint:
     def chunks(self, fqn: str) -> list[Chunk]:
         """How a tensor is stored: its chunks, with file and byte range."""
         raise NotImplementedError
+
+    def chunk_count(self, fqn: str) -> int:
+        """How many chunks :meth:`chunks` lists, found as cheaply as the format allows."""
+        return len(self.chunks(fqn))
 
     def resolve_chunks(self, fqn: str) -> list[Chunk]:
         """:meth:`chunks` with ``data_offset`` filled in (DCP parses each chunk's archive)."""

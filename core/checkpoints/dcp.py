@@ -188,6 +188,13 @@ class DCPCheckpoint(Checkpoint):
             raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn!r} at {list(offsets)}")
         return info
 
+    def chunk_count(self, fqn: str) -> int:
+        """From the metadata's chunk list alone: no storage index needed (it may not be parsed yet)."""
+        if self.entry(fqn).kind != "tensor":
+            return 1
+        listed = getattr(self._md.state_dict_metadata.get(fqn), "chunks", None)
+        return len(listed) if isinstance(listed, (list, tuple)) else len(self.chunks(fqn))
+
     @_damaged_metadata
     def chunks(self, fqn: str) -> list[Chunk]:
         """The tensor's chunks, checked to tile it exactly (a value's one stored item)."""

@@ -72,7 +72,7 @@ def test_none_keeps_its_references_through_model_calls(
 
     gc.collect()
     before = sys.getrefcount(None)
-    views = (window.tree, window.browser)
+    views = (window.tree, window.browser.view)
     step = 0
     while sum(calls.values()) < CALLS:
         step += 1
@@ -81,11 +81,14 @@ def test_none_keeps_its_references_through_model_calls(
             bar.setValue((bar.value() + view.viewport().height() // 2) % (bar.maximum() + 1))
             view.viewport().repaint()
             view.header().viewport().repaint()
-        window.filter_box.setText(("layers.1", "w3", "block")[step % 3])  # filtering re-queries the proxy
+        window.filter_box.setText(("layers.1", "w3", "block")[step % 3])  # filtering resets the model
+        window.tree_pane.apply_filter()
         window.tree.expandAll()
         window.tree.viewport().repaint()
         window.filter_box.clear()
-        window.tree.setCurrentIndex(window.proxy.index(step % max(1, window.proxy.rowCount()), 0))
+        window.tree_pane.apply_filter()
+        tree = window.tree_pane.model
+        window.tree.setCurrentIndex(tree.index(step % max(1, tree.rowCount()), 0))
         window.details.repaint()
         QApplication.processEvents()
         assert step < 2_000, f"only {dict(calls)} model calls after {step} rounds"

@@ -57,15 +57,15 @@ def test_drop_opens_and_details_follow_selection(qtbot: Any, window: MainWindow,
 
 def test_filter_box(qtbot: Any, window: MainWindow, multirank_dcp: Path) -> None:
     open_by_drop(qtbot, window, multirank_dcp)
-    model_row = window.proxy.index(0, 0)
-    assert window.proxy.rowCount() == 3  # model, step, extra
+    tree = window.tree_pane.model
+    assert tree is not None and tree.rowCount() == 3  # model, step, extra
     window.filter_box.setText("bf")
-    qtbot.waitUntil(lambda: window.proxy.rowCount() == 1, timeout=5000)  # once typing pauses
-    assert window.proxy.rowCount() == 1 and window.proxy.data(model_row) == "model"
-    model_index = window.proxy.index(0, 0)
-    assert [window.proxy.index(r, 0, model_index).data() for r in range(window.proxy.rowCount(model_index))] == ["bf"]
+    qtbot.waitUntil(lambda: tree.rowCount() == 1, timeout=5000)  # once typing pauses
+    model_index = tree.index(0, 0)
+    assert model_index.data() == "model"
+    assert [tree.index(r, 0, model_index).data() for r in range(tree.rowCount(model_index))] == ["bf"]
     window.filter_box.clear()
-    qtbot.waitUntil(lambda: window.proxy.rowCount() == 3, timeout=5000)
+    qtbot.waitUntil(lambda: tree.rowCount() == 3, timeout=5000)
 
 
 def test_tree_model_passes_qtmodeltester(qtmodeltester: Any, rich_pt: Path) -> None:

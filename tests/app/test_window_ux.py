@@ -73,10 +73,10 @@ def test_no_tree_column_is_clipped_at_the_default_size(qtbot: Any, window: MainW
     qtbot.wait(50)
     header = window.tree.header()
     shown = [c for c in range(header.count()) if not header.isSectionHidden(c)]
-    assert {"Shape", "Size"} <= {window.proxy.headerData(c, Qt.Orientation.Horizontal) for c in shown}
+    assert {"Shape", "Size"} <= {window.tree_pane.model.headerData(c, Qt.Orientation.Horizontal) for c in shown}
     assert sum(header.sectionSize(c) for c in shown) <= window.tree.viewport().width()
     for c in shown[1:]:
-        assert header.sectionSize(c) >= window.tree.sizeHintForColumn(c), window.proxy.headerData(
+        assert header.sectionSize(c) >= window.tree.sizeHintForColumn(c), window.tree_pane.model.headerData(
             c, Qt.Orientation.Horizontal
         )
     assert header.sectionSize(NAME) >= 140  # and the names keep most of the room
@@ -85,7 +85,7 @@ def test_no_tree_column_is_clipped_at_the_default_size(qtbot: Any, window: MainW
 # 3. the filter reveals matches --------------------------------------------------------------------------
 def test_filter_reveals_highlights_and_counts_matches(qtbot: Any, window: MainWindow, demo: Any) -> None:
     open_by_drop(qtbot, window, demo[1])
-    pane, proxy = window.tree_pane, window.proxy
+    pane = window.tree_pane
     window.filter_box.setText("wq.weight")
     _wait_filter(qtbot, window)
     assert pane.match_label.text() == "12 of 127 entries match"
@@ -98,16 +98,16 @@ def test_filter_reveals_highlights_and_counts_matches(qtbot: Any, window: MainWi
             parent = parent.parent()
         font = index.data(Qt.ItemDataRole.FontRole)
         assert isinstance(font, QFont) and font.bold()
-    assert proxy.index(0, TYPE).data() == "12 entries"  # "model" counts the matches, not all 111
+    assert pane.model.index(0, TYPE).data() == "12 entries"  # "model" counts the matches, not all 111
     window.filter_box.clear()
     _wait_filter(qtbot, window)
-    assert pane.match_label.text() == "127 entries" and proxy.index(0, TYPE).data() == "111 entries"
+    assert pane.match_label.text() == "127 entries" and pane.model.index(0, TYPE).data() == "111 entries"
     model = window.tree_pane.model
     assert model is not None
-    layer0 = proxy.mapFromSource(model.index_of("model.layers.0"))
+    layer0 = model.index_of("model.layers.0")
     assert not window.tree.isExpanded(layer0)  # clearing folds the tree back up...
     assert window.selected_node().path == "model.layers.11.attention.wq.weight"  # ...around the selection
-    assert window.tree.isExpanded(proxy.mapFromSource(model.index_of("model.layers.11.attention")))
+    assert window.tree.isExpanded(model.index_of("model.layers.11.attention"))
     pane.regex_button.setChecked(True)
     window.filter_box.setText(r"layers\.(1|2)\.attention\.w[qk]")
     _wait_filter(qtbot, window)
@@ -115,7 +115,7 @@ def test_filter_reveals_highlights_and_counts_matches(qtbot: Any, window: MainWi
     window.filter_box.setText("(")
     _wait_filter(qtbot, window)
     assert pane.match_label.text().startswith("Not a valid pattern")
-    assert proxy.matched == 4  # a bad pattern changes nothing
+    assert pane.model.matched == 4  # a bad pattern changes nothing
     pane.regex_button.setChecked(False)
     window.filter_box.clear()
     pane.dtype_box.setCurrentText("float32")
@@ -127,7 +127,7 @@ def test_filter_reveals_highlights_and_counts_matches(qtbot: Any, window: MainWi
             for e in ckpt.entries.values()
             if e.kind == "tensor" and e.dtype and e.dtype.name == "float32" and len(e.shape or ()) == 1
         )
-    assert proxy.matched == want > 0
+    assert pane.model.matched == want > 0
 
 
 # 4. casts apply to every target ----------------------------------------------------------------------
