@@ -213,6 +213,7 @@ class MainWindow(QMainWindow):
         if self.ckpt is not None and fqn in self.ckpt.entries and self.ckpt.entries[fqn].kind == "tensor":
             self.explorer.show_tensor(self.ckpt, fqn)
             self.views.setCurrentWidget(self.explorer)
+            self.explorer.table.setFocus(Qt.FocusReason.OtherFocusReason)  # arrows page through the values
 
     def explore_selected(self) -> None:
         node = self.selected_node()
