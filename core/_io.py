@@ -79,9 +79,8 @@ def swap_bytes(raw: torch.Tensor, dtype: Any) -> torch.Tensor:
     return raw.view(-1, width).flip(1).contiguous().view(-1)
 
 
-def crc32(data: memoryview) -> int:
-    """zlib's CRC-32 (several GB/s), fed in pieces so any size works."""
-    crc = 0
+def crc32(data: memoryview, crc: int = 0) -> int:
+    """zlib's CRC-32 (several GB/s), fed in pieces so any size works; ``crc`` continues a running one."""
     step = 1 << 30
     for start in range(0, len(data), step):
         crc = zlib.crc32(data[start : start + step], crc)
