@@ -20,6 +20,7 @@ from .errors import (
     UnsafePickleError,
     UnsupportedFormatError,
 )
+from .extract import ExportResult, export_tensor
 from .formats.detect import detect_format
 from .inspect import Checkpoint, open_checkpoint
 from .model import Chunk, Entry, Node
@@ -39,6 +40,7 @@ __all__ = [
     "DestinationExistsError",
     "DiffReport",
     "Entry",
+    "ExportResult",
     "LazySavePlanner",
     "MissingClassError",
     "Node",
@@ -51,6 +53,7 @@ __all__ = [
     "dcp_to_torch_save",
     "detect_format",
     "diff",
+    "export_tensor",
     "open_checkpoint",
     "read_metadata",
     "tensor_stats",

@@ -79,9 +79,8 @@ def swap_bytes(raw: torch.Tensor, dtype: Any) -> torch.Tensor:
     return raw.view(-1, width).flip(1).contiguous().view(-1)
 
 
-def crc32(data: memoryview) -> int:
-    """zlib's CRC-32 (several GB/s), fed in pieces so any size works."""
-    crc = 0
+def crc32(data: memoryview, crc: int = 0) -> int:
+    """zlib's CRC-32 (several GB/s), fed in pieces so any size works; ``crc`` continues a running one."""
     step = 1 << 30
     for start in range(0, len(data), step):
         crc = zlib.crc32(data[start : start + step], crc)
@@ -150,6 +149,12 @@ def contiguous_span(size: Sequence[int], offsets: Sequence[int], lengths: Sequen
     return start, count
 
 
+_DENSE_FLOOR = 64 << 10  # a covering read this small costs about what a few separate reads do
+_DENSE_RATIO = 2  # a covering read of at most this many times the box's bytes is taken whole
+_GAP = 512  # runs at most this far apart are read together: skipping fewer bytes is not worth a call
+_BAND = 4 << 20  # the most bytes one read of several runs holds (its scratch buffer)
+
+
 def read_box(
     f: IO[bytes],
     data_offset: int,
@@ -161,14 +166,17 @@ def read_box(
 ) -> torch.Tensor:
     """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``.
 
-    One read when the box is a contiguous run; otherwise the run of whole leading-dimension
-    slices that covers it is read and narrowed, so memory stays proportional to the box's rows.
+    The box is a grid of contiguous *runs* (along the trailing dimensions it covers whole), and
+    only about their bytes are read, whatever the tensor's size: one read when the box is a single
+    run, or when the bytes from its first element to its last are few (at most 64 KiB) or not much
+    more than the box (at most twice); otherwise one read per run, except that runs at most 512
+    bytes apart are read together, in bands of at most 4 MiB. So a 64 x 32 window reads at most
+    about its own bytes plus 512 per run, and memory stays proportional to the box (plus a band).
     """
     import torch
 
     dt = dtype_of(dtype)
-    dtype = dt.torch
-    out = torch.empty(tuple(sizes), dtype=dtype)
+    out = torch.empty(tuple(sizes), dtype=dt.torch)
     if out.numel() == 0:
         return out
     itemsize = dt.itemsize
@@ -176,13 +184,63 @@ def read_box(
     if span is not None:
         read_exact(f, data_offset + span[0] * itemsize, tensor_buffer(out), label)
         return out
-    row = 1
-    for s in shape[1:]:
-        row *= s
-    block = torch.empty((sizes[0], *shape[1:]), dtype=dtype)
-    read_exact(f, data_offset + offsets[0] * row * itemsize, tensor_buffer(block), label)
-    view = block
-    for dim in range(1, len(shape)):
-        view = view.narrow(dim, offsets[dim], sizes[dim])
-    out.copy_(view)
-    return out
+    strides = [itemsize] * len(shape)  # in bytes
+    for j in range(len(shape) - 2, -1, -1):
+        strides[j] = strides[j + 1] * shape[j + 1]
+    last = max(j for j in range(len(shape)) if offsets[j] != 0 or sizes[j] != shape[j])
+    run = sizes[last] * strides[last]
+    base = data_offset + sum(o * s for o, s in zip(offsets, strides, strict=True))
+    dims: list[tuple[int, int]] = []  # (count, byte stride) of the runs' grid, outermost first
+    for j in range(last):
+        if sizes[j] == 1:
+            continue
+        if dims and dims[-1][1] == sizes[j] * strides[j]:  # a whole dimension inside: one longer row
+            dims[-1] = (dims[-1][0] * sizes[j], strides[j])
+        else:
+            dims.append((sizes[j], strides[j]))
+    flat = torch.empty(out.numel() * itemsize, dtype=torch.uint8)
+    _read_runs(f, base, dims, run, tensor_buffer(flat), label, _DENSE_FLOOR)
+    return flat.view(dt.torch).view(tuple(sizes))
+
+
+def _read_runs(
+    f: IO[bytes], base: int, dims: list[tuple[int, int]], run: int, out: memoryview, label: str, floor: int
+) -> None:
+    """Fill ``out`` with the runs of ``run`` bytes at ``base + sum(i * stride)`` over the grid
+    ``dims``, in row-major order. ``floor``: covering reads this small are taken whole (at the top
+    level only, so the bytes read stay proportional to the box however many sub-grids it has)."""
+    if not dims:
+        read_exact(f, base, out, label)
+        return
+    span = sum((n - 1) * s for n, s in dims) + run
+    if span <= max(_DENSE_RATIO * len(out), floor):
+        _read_covering(f, base, dims, run, out, label)
+        return
+    (n, stride), rest = dims[0], dims[1:]
+    step = len(out) // n
+    if rest:
+        for i in range(n):
+            _read_runs(f, base + i * stride, rest, run, out[i * step : (i + 1) * step], label, 0)
+    elif stride - run > _GAP:
+        for i in range(n):
+            read_exact(f, base + i * stride, out[i * step : (i + 1) * step], label)
+    else:
+        per = max(1, _BAND // stride)
+        for i in range(0, n, per):
+            k = min(per, n - i)
+            _read_covering(f, base + i * stride, [(k, stride)], run, out[i * step : (i + k) * step], label)
+
+
+def _read_covering(f: IO[bytes], base: int, dims: list[tuple[int, int]], run: int, out: memoryview, label: str) -> None:
+    """One read of everything from the grid's first run to its last, then the runs copied out."""
+    import torch
+
+    span = sum((n - 1) * s for n, s in dims) + run
+    if span == len(out):
+        read_exact(f, base, out, label)
+        return
+    scratch = torch.empty(span, dtype=torch.uint8)
+    read_exact(f, base, tensor_buffer(scratch), label)
+    counts = [n for n, _ in dims]
+    dst = torch.frombuffer(out, dtype=torch.uint8).view(*counts, run)
+    dst.copy_(scratch.as_strided((*counts, run), (*(s for _, s in dims), 1)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -46,6 +46,29 @@ def _box(entry: Entry, region: Region | None) -> tuple[list[int], list[int]]:
         offsets.append(start)
         sizes.append(max(0, stop - start))
     return offsets, sizes
+
+
+def _overlaps(
+    offsets: Sequence[int], sizes: Sequence[int], tiles: Iterable[tuple[Sequence[int], Sequence[int]]]
+) -> Iterator[tuple[int, list[int], list[int], list[int]]]:
+    """For each tile ``(offsets, sizes)`` of a tensor that meets the box ``offsets + sizes``: its
+    index, the overlap's offsets inside the tile, its sizes, and its offsets inside the box."""
+    for k, (t_offsets, t_sizes) in enumerate(tiles):
+        lo = [max(o, s) for o, s in zip(offsets, t_offsets, strict=True)]
+        hi = [min(o + n, s + m) for o, n, s, m in zip(offsets, sizes, t_offsets, t_sizes, strict=True)]
+        if any(a >= b for a, b in zip(lo, hi, strict=True)):
+            continue
+        local = [a - s for a, s in zip(lo, t_offsets, strict=True)]
+        size = [b - a for a, b in zip(lo, hi, strict=True)]
+        yield k, local, size, [a - o for a, o in zip(lo, offsets, strict=True)]
+
+
+def _place(out: torch.Tensor, at: Sequence[int], piece: torch.Tensor) -> None:
+    """Copy ``piece`` into ``out`` at the offsets ``at``."""
+    view = out
+    for dim, (a, n) in enumerate(zip(at, piece.shape, strict=True)):
+        view = view.narrow(dim, a, n)
+    view.copy_(piece)
 
 
 def _read(f: IO[bytes], offset: int, length: int, label: str) -> memoryview:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 from .._files import member_path, read_regular
-from .._io import FileRange, read_exact
+from .._io import FileRange, read_box, read_exact
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef, TensorRef
 from .._tensor_io import to_bytes
@@ -24,7 +24,7 @@ from ..formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_it
 from ..formats.detect import Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
-from .base import Checkpoint, Region, _box, _OpenFiles, _read, _row_slabs
+from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 
 __all__ = ["DCPCheckpoint"]
 
@@ -131,6 +131,7 @@ class DCPCheckpoint(Checkpoint):
         self._trust = trust_pickle
         self._index: dict[str, dict[tuple[int, ...], _Stored]] | None = None
         self._chunks: dict[str, list[Chunk]] = {}
+        self._raw: dict[tuple[str, tuple[int, ...]], int | None] = {}  # parsed once per chunk
         self._files = _OpenFiles(path, "DCP data file")
 
     @_damaged_metadata
@@ -238,18 +239,28 @@ class DCPCheckpoint(Checkpoint):
         raw = decode_item(descriptors, bytes(_read(f, offset, length, label)), label, limit)
         return io.BytesIO(raw), 0, len(raw), label
 
-    @_damaged_metadata
-    def resolve_chunks(self, fqn: str) -> list[Chunk]:
-        out = []
-        for c in self.chunks(fqn):
-            if self.entries[fqn].kind != "tensor" or c.file is None or self._descriptors(fqn, c.offsets):
-                out.append(c)  # transformed (compressed): no raw bytes in place
-                continue
+    def _raw_offset(self, fqn: str, c: Chunk) -> int | None:
+        """Where a tensor chunk's row-major element bytes start in its data file, when they lie
+        there as they are (not transformed, native byte order); parsed once per chunk."""
+        key = (fqn, c.offsets)
+        if key in self._raw:
+            return self._raw[key]
+        raw = None
+        if c.file is not None and not self._descriptors(fqn, c.offsets):
             f, offset, length, label = self._item_bytes(c, fqn, 0)
             parsed = open_chunk(f, offset, length, label, fqn)
             _check_stored(parsed.tensor, self.entries[fqn], c, label)
-            out.append(Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, parsed.raw_offset()))
-        return out
+            raw = parsed.raw_offset()
+        self._raw[key] = raw
+        return raw
+
+    @_damaged_metadata
+    def resolve_chunks(self, fqn: str) -> list[Chunk]:
+        if self.entries[fqn].kind != "tensor":
+            return self.chunks(fqn)
+        return [
+            Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, self._raw_offset(fqn, c)) for c in self.chunks(fqn)
+        ]
 
     @_damaged_metadata
     def storage_range(self, ref: StorageRef) -> FileRange | None:
@@ -305,6 +316,38 @@ class DCPCheckpoint(Checkpoint):
 
     @_damaged_metadata
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
+        """The box's overlap with each chunk whose bytes lie in place is read alone (only about
+        its bytes, however large the chunk); transformed chunks go through :class:`DCPReader`."""
+        import torch
+
+        entry = self.tensor_entry(fqn)
+        assert entry.dtype is not None
+        offsets, sizes = _box(entry, region)
+        chunks = self.chunks(fqn)  # checked to tile the tensor, each within what its file stores
+        target = torch.empty(sizes, dtype=entry.dtype.torch)  # every element is read below: the chunks tile it
+        if target.numel() == 0:
+            return target
+        planned = []
+        for k, local, size, at in _overlaps(offsets, sizes, [(c.offsets, c.sizes) for c in chunks]):
+            c = chunks[k]
+            raw = self._raw_offset(fqn, c)
+            if raw is None:
+                planned.append(c)
+                continue
+            label = f"{self.path / (c.file or '')} ({fqn!r})"
+            piece = read_box(self._files.get(c.file or ""), raw, c.sizes, entry.dtype, local, size, label)
+            if size == sizes:
+                return piece  # one chunk holds the whole box
+            _place(target, at, piece)
+        if planned:
+            self._read_planned(fqn, planned, offsets, sizes, target)
+        return target
+
+    def _read_planned(
+        self, fqn: str, chunks: list[Chunk], offsets: list[int], sizes: list[int], target: torch.Tensor
+    ) -> None:
+        """Read the box's overlap with ``chunks`` into ``target`` through torch's read plan (which
+        decodes each chunk whole: compressed chunks)."""
         import torch
         from torch.distributed.checkpoint.metadata import (
             ChunkStorageMetadata,
@@ -318,16 +361,9 @@ class DCPCheckpoint(Checkpoint):
         from ..formats.dcp_storage import DCPReader
         from ..planners import RegionPlanner
 
-        entry = self.tensor_entry(fqn)
-        assert entry.dtype is not None
-        offsets, sizes = _box(entry, region)
-        chunks = self.chunks(fqn)  # checked to tile the tensor, each within what its file stores
-        dtype = entry.dtype.torch
-        target = torch.empty(sizes, dtype=dtype)  # every element is read below: the chunks tile it
-        if target.numel() == 0:
-            return target
+        entry = self.entries[fqn]
         md = TensorStorageMetadata(
-            TensorProperties(dtype=dtype),
+            TensorProperties(dtype=target.dtype),
             torch.Size(entry.shape or ()),
             [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in chunks],
         )
@@ -344,7 +380,6 @@ class DCPCheckpoint(Checkpoint):
         box = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         items = create_read_items_for_chunk_list(fqn, md, [box])
         reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
-        return target
 
     def close(self) -> None:
         self._files.close()

@@ -18,7 +18,7 @@ from ..formats.detect import Format
 from ..formats.safetensors import SafetensorsTensor, read_safetensors_index
 from ..formats.values import decode_values
 from ..model import Chunk, Entry, relative
-from .base import Checkpoint, Region, _box, _OpenFiles, _read, _row_slabs
+from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 
 __all__ = ["SafetensorsCheckpoint"]
 
@@ -87,18 +87,9 @@ class SafetensorsCheckpoint(Checkpoint):
             t = parts[0]
             return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
         out = torch.empty(sizes, dtype=entry.dtype.torch if entry.dtype else None)  # the shards tile it
-        for t in parts:  # each shard's overlap with the region
-            lo = [max(o, s) for o, s in zip(offsets, t.offsets, strict=True)]
-            hi = [min(o + n, s + m) for o, n, s, m in zip(offsets, sizes, t.offsets, t.shape, strict=True)]
-            if any(a >= b for a, b in zip(lo, hi, strict=True)):
-                continue
-            local = [a - s for a, s in zip(lo, t.offsets, strict=True)]
-            size = [b - a for a, b in zip(lo, hi, strict=True)]
-            piece = read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file))
-            view = out
-            for dim, (a, n) in enumerate(zip(lo, size, strict=True)):
-                view = view.narrow(dim, a - offsets[dim], n)
-            view.copy_(piece)
+        for k, local, size, at in _overlaps(offsets, sizes, [(t.offsets, t.shape) for t in parts]):
+            t = parts[k]
+            _place(out, at, read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file)))
         return out
 
     def storage_range(self, ref: StorageRef) -> FileRange | None:

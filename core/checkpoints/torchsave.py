@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import torch
 
 from .._files import member_path, read_regular
-from .._io import read_exact
+from .._io import read_box
 from .._refs import TensorRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
@@ -117,21 +117,33 @@ class TorchCheckpoint(Checkpoint):
         return ref
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
+        """A region of a tensor whose bytes lie in place -- stored in row-major order, or in a
+        permutation of it (a transposed or channels-last tensor) -- reads only about the region's
+        bytes; other tensors (compressed or byte-swapped records, expanded views) are made from
+        their whole storage."""
         import torch
-
-        from .._io import tensor_buffer
 
         entry = self.tensor_entry(fqn)
         offsets, sizes = _box(entry, region)
-        t = self.tensor_ref(fqn).narrow(offsets, sizes)
-        refuse_expanded(entry, self.label, "read", t.nbytes)
+        ref = self.tensor_ref(fqn)
         file = self._file_of[fqn]
-        where = file.view_range(t)
-        if where is not None:  # contiguous and in place: read just its bytes, straight into the tensor
-            out = torch.empty(t.shape, dtype=t.dtype.torch)
-            if out.numel():
-                read_exact(file.file, where.offset, tensor_buffer(out), file.label)
-            return out
+        where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
+        order = _dense_order(ref)
+        if where is not None and order is not None:
+            box = read_box(
+                file.file,
+                where.offset + ref.byte_offset,
+                [ref.shape[d] for d in order],
+                ref.dtype,
+                [offsets[d] for d in order],
+                [sizes[d] for d in order],
+                file.label,
+            )
+            if order == sorted(order):
+                return box
+            return box.permute([order.index(d) for d in range(len(order))]).contiguous()
+        t = ref.narrow(offsets, sizes)
+        refuse_expanded(entry, self.label, "read", t.nbytes)
         full = materialize(t)
         file.release()
         return full.clone(memory_format=torch.contiguous_format)
@@ -148,6 +160,18 @@ class TorchCheckpoint(Checkpoint):
     def close(self) -> None:
         for file in self._files:
             file.close()
+
+
+def _dense_order(t: TensorRef) -> list[int] | None:
+    """The dimensions from outermost to innermost in storage when ``t`` is a permutation of a
+    row-major tensor (no gaps, no overlaps: contiguous, transposed, channels-last), else None."""
+    order = sorted(range(len(t.shape)), key=lambda d: (-t.stride[d], d))
+    step = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride[d] != step:
+            return None
+        step *= t.shape[d]
+    return order
 
 
 def torch_index(path: Path) -> Path | None:

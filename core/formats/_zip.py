@@ -13,6 +13,7 @@ import io
 import os
 import struct
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
@@ -27,6 +28,7 @@ _EOCD = struct.Struct("<IHHHHIIH")
 _EOCD64 = struct.Struct("<IQHHIIQQQQ")
 _LOCATOR = struct.Struct("<IIQI")
 _MAX32 = 0xFFFFFFFF
+_CRC_AT = 14  # where a local header holds the CRC-32
 _DOS_DATE = 0x21  # 1980-01-01: outputs are byte-for-byte reproducible
 
 
@@ -135,6 +137,27 @@ class ZipWriter:
         mv = memoryview(data).cast("B")
         self._header(name, mv.nbytes, crc32(mv) if crc is None else crc)
         self._f.write(mv)
+
+    def write_stream(self, name: str, size: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Append a record of ``size`` bytes from ``pieces`` as they come (memory holds one piece):
+        the header goes first with the CRC left blank, filled in once the bytes have passed."""
+        start = self._f.tell()
+        self._header(name, size, 0)
+        crc = written = 0
+        for piece in pieces:
+            mv = memoryview(piece).cast("B")
+            crc = crc32(mv, crc)
+            written += mv.nbytes
+            self._f.write(mv)
+            del piece, mv  # the producer may free it before making the next
+        if written != size:
+            raise ValueError(f"record {name}: {written} bytes were written, the header says {size}")
+        end = self._f.tell()
+        self._f.seek(start + _CRC_AT)
+        self._f.write(struct.pack("<I", crc))
+        self._f.seek(end)
+        full, _, _, offset, flags = self._entries[-1]
+        self._entries[-1] = (full, crc, size, offset, flags)
 
     def copy(self, name: str, src: FileRange, label: str) -> None:
         """Append a record whose bytes are copied from another file inside the kernel."""

@@ -22,6 +22,7 @@ import struct
 import sys
 import zipfile
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -313,6 +314,10 @@ class TorchSaveWriter:
         """Append the record for ``key`` from its bytes."""
         self._zip.write(f"data/{key}", data, crc)
 
+    def stream_storage(self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Append the record for ``key`` from its bytes as they come, piece by piece."""
+        self._zip.write_stream(f"data/{key}", nbytes, pieces)
+
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
         self._zip.copy(f"data/{key}", src, label)
@@ -344,23 +349,26 @@ def write_tensor_archive(
     f: BinaryIO,
     dtype: DType,
     shape: tuple[int, ...],
-    data: FileRange | bytes | bytearray | memoryview,
+    data: FileRange | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
     *,
     crc: int | None = None,
     label: str = "",
+    archive: str = "archive",
 ) -> None:
     """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
-    each tensor chunk -- with its bytes from memory (and their ``crc`` if known) or copied from a
-    :class:`FileRange`."""
+    each tensor chunk -- with its bytes from memory (and their ``crc`` if known), copied from a
+    :class:`FileRange`, or streamed from an iterator of pieces in row-major order (``f`` must then
+    be seekable: the record's CRC is filled in after its bytes)."""
     numel = 1
     for s in shape:
         numel *= s
-    writer = TorchSaveWriter(f)
-    ((key, _),) = writer.write_pickle(
-        TensorRef.contiguous(StorageRef.for_tensor("0", dtype, numel, None), dtype, shape)
-    )
+    writer = TorchSaveWriter(f, archive)
+    storage = StorageRef.for_tensor("0", dtype, numel, None)
+    ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
     if isinstance(data, FileRange):
         writer.copy_storage(key, data, label)
-    else:
+    elif isinstance(data, (bytes, bytearray, memoryview)):
         writer.write_storage(key, data, crc)
+    else:
+        writer.stream_storage(key, storage.nbytes, data)
     writer.finish()

@@ -1,0 +1,101 @@
+"""The ``dcpstudio`` command line's grammar: its subcommands, their arguments and help."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _add_convert_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="source checkpoint (DCP directory, torch.save file or safetensors)")
+    p.add_argument("dst", help="destination path")
+    p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
+    p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcpstudio",
+        description="Convert, inspect and load PyTorch checkpoints: DCP directories, torch.save files, safetensors.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"dcpstudio {__version__}")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="write a demo DCP checkpoint and torch.save file, and open the window on them",
+    )
+    parser.add_argument(
+        "--quit-after", type=float, metavar="SECONDS", help="close the window after SECONDS (smoke tests)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
+    _add_convert_options(p)
+    p.add_argument(
+        "--to",
+        choices=["dcp", "torch", "safetensors"],
+        help="target format (default: DCP <-> torch.save; safetensors -> DCP)",
+    )
+    p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating-point tensors")
+    p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
+    p.add_argument("--files", type=int, metavar="N", help="DCP: spread the data over N files")
+    p.add_argument("--max-file-size", metavar="SIZE", help="DCP: data files of at most SIZE (5GB, 500MiB)")
+    for name, text in (
+        ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
+        ("dcp_to_torch", "DCP directory -> torch.save file (format_utils' argument order)"),
+    ):
+        p = sub.add_parser(name, help=text, aliases=[name.replace("_", "-")])
+        _add_convert_options(p)
+        p.set_defaults(named=name)
+
+    p = sub.add_parser("inspect", help="show what a checkpoint holds, without loading its tensors")
+    p.add_argument("path", help="DCP directory, torch.save file or safetensors file/directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema in dcpstudio.core.report)")
+    p.add_argument("--chunks", action="store_true", help="list each tensor's chunks with their files and bytes")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+
+    p = sub.add_parser("verify", help="compare two checkpoints of any formats (exit 0 equal, 1 different, 2 error)")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser(
+        "load",
+        help="load a checkpoint on N ranks in a layout and check every shard (also under torchrun)",
+    )
+    p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
+    p.add_argument("--ranks", type=int, help="local ranks to spawn (omit under torchrun)")
+    p.add_argument("--layout", default="shard0", choices=["replicate", "shard0", "shard1", "fsdp"])
+    p.add_argument("--mesh", help="device mesh shape, e.g. 2x2 (default: 1-D over all ranks)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("--json", action="store_true", help="per-rank reports as JSON")
+
+    p = sub.add_parser("export", help="write one tensor to a .npy or .pt file (streamed: any size)")
+    p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
+    p.add_argument("name", help="the tensor's fully-qualified name (as `dcpstudio inspect` lists it)")
+    p.add_argument("dst", help="the file to write: .npy (NumPy) or .pt (torch.load returns the tensor)")
+    p.add_argument("--format", choices=["npy", "pt"], help="file format (default: from the suffix of DST)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+    p = sub.add_parser("open", help="open the window on a checkpoint")
+    p.add_argument("path")
+
+    p = sub.add_parser("demo", help="write a demo torch.save file and DCP checkpoint, convert and check them")
+    p.add_argument("--dir", help="where to write (default: the user data directory)")
+    return parser
