@@ -183,9 +183,10 @@ def _same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 
 def _wide(x: torch.Tensor, complex_: bool) -> torch.Tensor:
+    """A float64 (complex128) copy of ``x``: never the tensor read, which is then changed in place."""
     import torch
 
-    return x.to(torch.complex128) if complex_ else x.double()
+    return x.to(torch.complex128 if complex_ else torch.float64, copy=True)
 
 
 def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -205,31 +206,31 @@ def _sum_sq(x: torch.Tensor) -> float:
 def _add_values(
     t: _Tally, xd: torch.Tensor, yd: torch.Tensor, rtol: float, atol: float, exact_bad: int | None, check: bool
 ) -> bool:
-    """Add the pairs of wide ``xd``/``yd`` (assumed finite) to ``t``. With ``check``, add nothing
-    and return False when a difference is not finite: the block holds NaN or infinity."""
+    """Add the pairs of wide ``xd``/``yd`` (assumed finite; both are overwritten) to ``t``. With
+    ``check``, add nothing and return False when a difference is not finite (NaN or infinity)."""
     import torch
 
-    d = torch.sub(xd, yd).abs_() if not xd.is_complex() else torch.sub(xd, yd).abs()
+    if t.sums:
+        a2, b2, ab = _dot(xd, xd), _dot(yd, yd), _dot(xd, yd)
+    d = xd.sub_(yd).abs_() if not xd.is_complex() else xd.sub_(yd).abs()
     most = float(d.max()) if d.numel() else 0.0
     if check and not math.isfinite(most):
         return False
     if t.sums:
-        a2 = _dot(xd, xd)
-        t.a2, t.b2, t.ab = t.a2 + a2, t.b2 + _dot(yd, yd), t.ab + _dot(xd, yd)
-        t.d2 += float(torch.dot(d, d))
+        t.a2, t.b2, t.ab, t.d2 = t.a2 + a2, t.b2 + b2, t.ab + ab, t.d2 + float(torch.dot(d, d))
         t.nonzero = t.nonzero or a2 > 0
     if exact_bad is not None:
         t.mismatched += exact_bad
     if most == 0:
         return True
     t.dmax = max(t.dmax, most)
-    bb = yd.abs_() if not yd.is_complex() else yd.abs()  # yd is not needed any more
+    bb = yd.abs_() if not yd.is_complex() else yd.abs()
     if exact_bad is None and rtol == 0 and atol == 0:
         t.mismatched += int(torch.count_nonzero(d))
     elif exact_bad is None and most > atol:
         t.mismatched += int(torch.count_nonzero(d > bb.mul(rtol).add_(atol)))
-    zero = bb == 0
-    if bool(zero.any()):
+    if float(bb.min()) == 0:
+        zero = bb == 0
         if bool((d > atol).logical_and_(zero).any()):
             t.max_rel = math.inf
         bb.masked_fill_(zero, math.inf)  # those pairs are left out: d / inf = 0
@@ -248,6 +249,7 @@ def _add_block(t: _Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: f
     xd, yd = _wide(x, complex_), _wide(y, complex_)
     if _add_values(t, xd, yd, rtol, atol, exact_bad, check=True):
         return
+    xd, yd = _wide(x, complex_), _wide(y, complex_)
     finite = torch.isfinite(xd).logical_and_(torch.isfinite(yd))
     xn, yn = xd[~finite], yd[~finite]
     bad = int(torch.count_nonzero(~((xn == yn) | (torch.isnan(xn) & torch.isnan(yn)))))

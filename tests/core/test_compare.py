@@ -154,6 +154,11 @@ def test_nan_and_inf_pairs(tmp_path: Path) -> None:
     assert (row.status, row.count, row.mismatched, row.nonfinite) == ("different", 7, 3, 3)
     assert row.max_abs == inf and row.max_rel == 0.0 and row.rel_l2 == 0.0 and row.cosine == 1.0
     assert [(v.mismatched, v.nonfinite, v.max_abs) for v in report.values] == [(3, 3, inf)]
+    torch.save({"t": torch.tensor([inf, 1.0, -inf])}, tmp_path / "a.pt")
+    torch.save({"t": torch.tensor([inf, 3.0, -inf])}, tmp_path / "b.pt")
+    with open_checkpoint(tmp_path / "a.pt") as x, open_checkpoint(tmp_path / "b.pt") as y:
+        (row,) = compare(x, y)
+    assert (row.mismatched, row.nonfinite, row.max_abs, row.max_rel) == (1, 0, 2.0, 2 / 3)  # equal infinities match
 
 
 def test_statuses(tmp_path: Path) -> None:
