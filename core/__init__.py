@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .convert import ConversionResult, convert, dcp_to_torch_save, torch_save_to_dcp
-from .diff import DiffReport, diff
+from .diff import DiffReport, EntryComparison, compare, diff
 from .errors import (
     CancelledError,
     CorruptCheckpointError,
@@ -40,6 +40,7 @@ __all__ = [
     "DestinationExistsError",
     "DiffReport",
     "Entry",
+    "EntryComparison",
     "ExportResult",
     "LazySavePlanner",
     "MissingClassError",
@@ -49,6 +50,7 @@ __all__ = [
     "TensorStats",
     "UnsafePickleError",
     "UnsupportedFormatError",
+    "compare",
     "convert",
     "dcp_to_torch_save",
     "detect_format",

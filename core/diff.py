@@ -1,23 +1,84 @@
 """Compare two checkpoints of any formats, streaming: what differs, by how much, and where.
 
-Entries are matched by their flattened fully-qualified names. Tensors are compared block by
-block (bounded memory); NaNs in the same places count as equal, so a conversion that preserves
-bits compares equal at ``rtol = atol = 0``.
+Entries are matched by their flattened fully-qualified names. :func:`compare` gives one
+:class:`EntryComparison` per entry (the compare view's rows, handed out as each is finished);
+:func:`diff` folds the same rows into a :class:`DiffReport` (``verify``). Both stream each tensor
+pair block by block through one routine: memory stays a small multiple of ``budget``.
+
+Per tensor pair (same shape), with ``a`` from the first checkpoint and ``b`` from the second:
+
+- A pair of elements *matches* when both are NaN, both are the same infinity, or both are finite
+  with ``|a - b| <= atol + rtol * |b|`` (:func:`torch.isclose`). ``mismatched`` counts the other
+  pairs; ``nonfinite`` counts those of them where a side is NaN or infinite.
+- The metrics ignore the tolerance (but for ``max_rel``'s ``inf``) and are computed in float64
+  over the pairs where both sides are finite; pairs with NaN or an infinity show in
+  ``mismatched`` / ``nonfinite`` and make ``max_abs`` infinite, so one NaN does not hide how far
+  the rest moved.
+- ``max_abs = max |a - b|`` (``inf`` when a pair mismatches through NaN or infinity).
+- ``max_rel = max |a - b| / |b|`` over pairs with ``b != 0``: the smallest ``rtol`` that covers
+  them. ``inf`` when ``b == 0`` where ``|a| > atol`` -- no ``rtol`` covers that pair, only ``atol``.
+- ``rel_l2 = ||a - b|| / ||a||``; when ``||a|| = 0``: 0 if the finite pairs are equal, else ``inf``.
+- ``cosine = <a, b> / (||a|| ||b||)``, clamped to [-1, 1], exactly 1.0 when the finite pairs are
+  equal; None when a norm is 0.
+- Complex values: ``|a - b|`` and ``|b|`` are magnitudes, norms are ``sqrt(sum |a|^2)`` and the
+  inner product is ``Re sum conj(a) b`` -- the cosine of the tensors seen as real vectors.
+- Integers of the same dtype are compared exactly at zero tolerance (float64 would round those
+  beyond 2**53); the metrics are float64. Sums of values beyond ~1e154 overflow to inf / NaN.
+
+Bitwise-equal blocks of the same dtype skip the float64 work, so equal checkpoints compare at
+about disk speed. :func:`compare` needs ``||a||`` only once a tensor turns out to differ: it then
+reads A's equal blocks of that tensor again (until then it only checks whether ``a`` is all zeros).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._blocks import blocks
 from ._refs import is_tensor
 from .inspect import Checkpoint
-from .model import dtype_name, refuse_expanded
+from .model import Entry, dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
 
-__all__ = ["DiffReport", "ValueMismatch", "diff"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DiffReport", "EntryComparison", "Status", "ValueMismatch", "compare", "diff"]
+
+Status = Literal["equal", "different", "only_a", "only_b", "kind", "dtype", "shape"]
+
+
+@dataclass(frozen=True)
+class EntryComparison:
+    """One entry of A and/or B, compared (see the module docstring for the metrics).
+
+    ``status``: ``only_a`` / ``only_b``; ``kind`` when one side is a tensor and the other not;
+    ``shape`` when tensor shapes differ (values not compared); ``dtype`` when dtypes differ and
+    shapes agree -- values are compared, ``mismatched`` says whether they agree after the cast;
+    else ``different`` (``mismatched > 0``, or a non-tensor value that differs) or ``equal``.
+    ``count`` is the element pairs compared and ``mismatched`` those outside the tolerance (both 0
+    when no tensor values were compared). The float metrics are None where they do not apply:
+    non-tensor values, entries whose values were not compared, ``cosine`` when a norm is 0.
+    """
+
+    fqn: str
+    status: Status
+    kind_a: str | None = None
+    kind_b: str | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    count: int = 0
+    mismatched: int = 0
+    nonfinite: int = 0  # of the mismatched pairs, those with NaN or an infinity on a side
+    max_abs: float | None = None
+    max_rel: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
 
 
 @dataclass(frozen=True)
@@ -27,6 +88,7 @@ class ValueMismatch:
     count: int
     max_abs: float
     max_rel: float
+    nonfinite: int = 0  # of the mismatched, pairs with NaN or an infinity on one side
 
 
 @dataclass
@@ -71,47 +133,234 @@ def _objects_equal(x: Any, y: Any) -> bool:
         return False
 
 
-def _compare_tensor(
-    a: Checkpoint, b: Checkpoint, fqn: str, rtol: float, atol: float, budget: int, reporter: Reporter
-) -> ValueMismatch | None:
+@dataclass
+class _Tally:
+    """A tensor pair's running totals; float64 sums over the finite pairs (when ``sums``)."""
+
+    sums: bool = True  # diff needs no norms
+    count: int = 0
+    mismatched: int = 0
+    nonfinite: int = 0
+    dmax: float = 0.0  # max |a - b| over the finite pairs
+    max_rel: float = 0.0
+    d2: float = 0.0  # sum |a - b|^2
+    a2: float = 0.0  # sum |a|^2
+    b2: float = 0.0
+    ab: float = 0.0  # Re sum conj(a) b
+    nonzero: bool = False  # a has a finite element other than 0
+
+    def add_equal(self, a2: float) -> None:
+        self.a2, self.b2, self.ab = self.a2 + a2, self.b2 + a2, self.ab + a2
+        self.nonzero = self.nonzero or a2 > 0
+
+    @property
+    def max_abs(self) -> float:
+        return math.inf if self.nonfinite else self.dmax
+
+    def rel_l2(self) -> float:
+        if self.dmax == 0:
+            return 0.0
+        return math.sqrt(self.d2) / math.sqrt(self.a2) if self.a2 else math.inf
+
+    def cosine(self) -> float | None:
+        if self.dmax == 0:
+            return 1.0 if self.nonzero else None
+        if self.a2 == 0 or self.b2 == 0:
+            return None
+        norms = math.sqrt(self.a2 * self.b2)
+        if not 0 < norms < math.inf:  # the product under- or overflowed
+            norms = math.sqrt(self.a2) * math.sqrt(self.b2)
+        return max(-1.0, min(1.0, self.ab / norms))
+
+
+def _same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
     import torch
 
+    xb, yb = x.view(torch.uint8), y.view(torch.uint8)
+    if all(t.numel() % 8 == 0 and t.storage_offset() % 8 == 0 for t in (xb, yb)):
+        xb, yb = xb.view(torch.int64), yb.view(torch.int64)  # words compare several times faster than bytes
+    return torch.equal(xb, yb)
+
+
+def _wide(x: torch.Tensor, complex_: bool) -> torch.Tensor:
+    """A float64 (complex128) copy of ``x``: never the tensor read, which is then changed in place."""
+    import torch
+
+    return x.to(torch.complex128 if complex_ else torch.float64, copy=True)
+
+
+def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(x.vdot(y).real) if x.is_complex() else float(x.dot(y))
+
+
+def _sum_sq(x: torch.Tensor) -> float:
+    """``sum |x|^2`` in float64 over the finite elements."""
+    xd = _wide(x, x.is_complex())
+    s = _dot(xd, xd)
+    if not math.isfinite(s):
+        xd = xd[xd.isfinite()]
+        s = _dot(xd, xd)
+    return s
+
+
+def _add_values(
+    t: _Tally, xd: torch.Tensor, yd: torch.Tensor, rtol: float, atol: float, exact_bad: int | None, check: bool
+) -> bool:
+    """Add the pairs of wide ``xd``/``yd`` (assumed finite; both are overwritten) to ``t``. With
+    ``check``, add nothing and return False when a difference is not finite (NaN or infinity)."""
+    import torch
+
+    if t.sums:
+        a2, b2, ab = _dot(xd, xd), _dot(yd, yd), _dot(xd, yd)
+    d = xd.sub_(yd).abs_() if not xd.is_complex() else xd.sub_(yd).abs()
+    most = float(d.max()) if d.numel() else 0.0
+    if check and not math.isfinite(most):
+        return False
+    if t.sums:
+        t.a2, t.b2, t.ab, t.d2 = t.a2 + a2, t.b2 + b2, t.ab + ab, t.d2 + float(torch.dot(d, d))
+        t.nonzero = t.nonzero or a2 > 0
+    if exact_bad is not None:
+        t.mismatched += exact_bad
+    if most == 0:
+        return True
+    t.dmax = max(t.dmax, most)
+    bb = yd.abs_() if not yd.is_complex() else yd.abs()
+    if exact_bad is None and rtol == 0 and atol == 0:
+        t.mismatched += int(torch.count_nonzero(d))
+    elif exact_bad is None and most > atol:
+        t.mismatched += int(torch.count_nonzero(d > bb.mul(rtol).add_(atol)))
+    if float(bb.min()) == 0:
+        zero = bb == 0
+        if bool((d > atol).logical_and_(zero).any()):
+            t.max_rel = math.inf
+        bb.masked_fill_(zero, math.inf)  # those pairs are left out: d / inf = 0
+    t.max_rel = max(t.max_rel, float(d.div_(bb).max()))
+    return True
+
+
+def _add_block(t: _Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
+    """Add one block pair (flat, same length, not bitwise equal) to ``t``."""
+    import torch
+
+    exact_bad = None
+    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
+        exact_bad = int(torch.count_nonzero(x != y))
+    complex_ = x.is_complex() or y.is_complex()
+    xd, yd = _wide(x, complex_), _wide(y, complex_)
+    if _add_values(t, xd, yd, rtol, atol, exact_bad, check=True):
+        return
+    xd, yd = _wide(x, complex_), _wide(y, complex_)
+    finite = torch.isfinite(xd).logical_and_(torch.isfinite(yd))
+    xn, yn = xd[~finite], yd[~finite]
+    bad = int(torch.count_nonzero(~((xn == yn) | (torch.isnan(xn) & torch.isnan(yn)))))
+    if bad:
+        t.mismatched += bad
+        t.nonfinite += bad
+    _add_values(t, xd[finite], yd[finite], rtol, atol, None, check=False)
+
+
+def _compare_tensor(
+    a: Checkpoint, b: Checkpoint, fqn: str, rtol: float, atol: float, budget: int, reporter: Reporter, norms: bool
+) -> _Tally:
     ea, eb = a.entries[fqn], b.entries[fqn]
     itemsize = max(ea.dtype.itemsize if ea.dtype else 1, eb.dtype.itemsize if eb.dtype else 1)
-    mismatched = count = 0
-    max_abs = max_rel = 0.0
-    exact = rtol == 0 and atol == 0 and ea.dtype == eb.dtype
+    t = _Tally(sums=norms)
+    deferred = []  # bitwise-equal blocks of A whose sum |a|^2 is not taken (yet)
     for offsets, sizes in blocks(ea.shape or (), itemsize, budget):
         reporter.check()
         region = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
         x = a.read_tensor(fqn, region).reshape(-1)
         y = b.read_tensor(fqn, region).reshape(-1)
-        count += x.numel()
-        if exact and torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
-            reporter.advance(2 * x.numel() * itemsize, items=0, current=fqn)
+        nbytes = x.numel() * x.element_size() + y.numel() * y.element_size()
+        t.count += x.numel()
+        if x.dtype != y.dtype or not _same_bytes(x, y):
+            _add_block(t, x, y, rtol, atol)
+        elif norms and t.dmax > 0:
+            t.add_equal(_sum_sq(x))
+        elif norms:
+            deferred.append(region)
+            t.nonzero = t.nonzero or _sum_sq(x[:4096]) > 0 or _sum_sq(x) > 0
+        reporter.advance(nbytes, items=0, current=fqn)
+    if norms and deferred and t.dmax > 0:  # the norms are needed after all: read those blocks of A again
+        for region in deferred:
+            reporter.check()
+            t.add_equal(_sum_sq(a.read_tensor(fqn, region).reshape(-1)))
+    return t
+
+
+def _side(e: Entry) -> dict[str, Any]:
+    shape = tuple(e.shape) if e.kind == "tensor" and e.shape is not None else None
+    return {"kind": e.kind, "dtype": dtype_name(e.dtype) if e.kind == "tensor" else None, "shape": shape}
+
+
+def _row(fqn: str, status: Status, ea: Entry | None, eb: Entry | None, **values: Any) -> EntryComparison:
+    sides = {f"{k}_a": v for k, v in (_side(ea) if ea else {}).items()}
+    sides.update({f"{k}_b": v for k, v in (_side(eb) if eb else {}).items()})
+    return EntryComparison(fqn, status, **sides, **values)
+
+
+def _rows(
+    a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, norms: bool
+) -> Iterator[EntryComparison]:
+    """One row per entry: A's in A's order, then those only in B. Sets the reporter's totals."""
+    a.tree, b.tree  # noqa: B018 - the whole structure, checked (a DCP's storage index too), before any value
+    pairs = [(e, b.entries[k]) for k, e in a.entries.items() if k in b.entries]
+    reporter.total_items = len(pairs)
+    reporter.total_bytes = sum(
+        x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
+    )
+    for fqn, ea in a.entries.items():
+        reporter.check()
+        eb = b.entries.get(fqn)
+        if eb is None:
+            yield _row(fqn, "only_a", ea, None)
             continue
-        xd, yd = (
-            x.to(torch.complex128 if x.is_complex() else torch.float64),
-            y.to(torch.complex128 if y.is_complex() else torch.float64),
-        )
-        both_nan = torch.isnan(xd) & torch.isnan(yd)
-        close = torch.isclose(xd, yd, rtol=rtol, atol=atol, equal_nan=True) | both_nan
-        bad = int((~close).sum())
-        if bad:
-            mismatched += bad
-            diff = (xd - yd).abs()
-            diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-            finite = torch.isfinite(diff)
-            if bool((~finite).any()):
-                max_abs = math.inf
-            if bool(finite.any()):
-                max_abs = max(max_abs, float(diff[finite].max()))
-                rel = diff[finite] / yd.abs()[finite].clamp_min(torch.finfo(torch.float64).tiny)
-                max_rel = max(max_rel, float(rel.max()))
-        reporter.advance(2 * x.numel() * itemsize, items=0, current=fqn)
-    if mismatched:
-        return ValueMismatch(fqn, mismatched, count, max_abs, max_rel)
-    return None
+        if (ea.kind == "tensor") != (eb.kind == "tensor"):
+            row = _row(fqn, "kind", ea, eb)
+        elif ea.kind != "tensor":
+            equal = _objects_equal(a.read_value(fqn), b.read_value(fqn))
+            row = _row(fqn, "equal" if equal else "different", ea, eb)
+        elif ea.shape != eb.shape:
+            row = _row(fqn, "shape", ea, eb)
+        else:
+            refuse_expanded(ea, str(a.path), "compare")
+            refuse_expanded(eb, str(b.path), "compare")
+            t = _compare_tensor(a, b, fqn, rtol, atol, budget, reporter, norms)
+            status: Status = "dtype" if ea.dtype != eb.dtype else "different" if t.mismatched else "equal"
+            values = {"count": t.count, "mismatched": t.mismatched, "nonfinite": t.nonfinite}
+            metrics = {"max_abs": t.max_abs, "max_rel": t.max_rel, "rel_l2": t.rel_l2(), "cosine": t.cosine()}
+            row = _row(fqn, status, ea, eb, **values, **metrics)
+        reporter.advance(0, current=fqn)
+        yield row
+    for fqn, eb in b.entries.items():
+        if fqn not in a.entries:
+            yield _row(fqn, "only_b", None, eb)
+
+
+def compare(
+    a: Checkpoint,
+    b: Checkpoint,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    budget: int = 32 << 20,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    on_entry: Callable[[EntryComparison], None] | None = None,
+) -> list[EntryComparison]:
+    """Every entry of ``a`` and ``b`` compared: A's entries in A's order, then those only in B.
+
+    ``on_entry`` receives each row as it is finished (a view can fill in live). Tensors are read in
+    blocks of at most ``budget`` bytes; with the float64 working copies a float32 pair that differs
+    peaks at about 8 x ``budget`` (263 MiB at the default, measured). Raises
+    :class:`~.errors.CancelledError` when ``cancel`` is set (rows already handed out stay valid).
+    """
+    out = []
+    for row in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), norms=True):
+        out.append(row)
+        if on_entry is not None:
+            on_entry(row)
+    return out
 
 
 def diff(
@@ -125,35 +374,24 @@ def diff(
     cancel: CancelToken | None = None,
 ) -> DiffReport:
     """Compare ``a`` with ``b``; tensors within ``|a - b| <= atol + rtol * |b|`` are equal."""
-    a.tree, b.tree  # noqa: B018 - the whole structure, checked (a DCP's storage index too), before any value
     report = DiffReport(str(a.path), str(b.path))
-    report.only_a = [k for k in a.entries if k not in b.entries]
-    report.only_b = [k for k in b.entries if k not in a.entries]
-    common = [k for k in a.entries if k in b.entries]
-    total = sum(a.entries[k].nbytes + b.entries[k].nbytes for k in common if a.entries[k].kind == "tensor")
-    reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(common))
-    for fqn in common:
-        reporter.check()
-        ea, eb = a.entries[fqn], b.entries[fqn]
+    for r in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), norms=False):
+        if r.status in ("only_a", "only_b"):
+            (report.only_a if r.status == "only_a" else report.only_b).append(r.fqn)
+            continue
         report.compared += 1
-        a_tensor, b_tensor = ea.kind == "tensor", eb.kind == "tensor"
-        if a_tensor != b_tensor:
-            report.kind.append((fqn, ea.kind, eb.kind))
-            continue
-        if not a_tensor:
-            if not _objects_equal(a.read_value(fqn), b.read_value(fqn)):
-                report.objects.append(fqn)
-            reporter.advance(0, current=fqn)
-            continue
-        if ea.dtype != eb.dtype:
-            report.dtype.append((fqn, dtype_name(ea.dtype) or "", dtype_name(eb.dtype) or ""))
-        if ea.shape != eb.shape:
-            report.shape.append((fqn, list(ea.shape or ()), list(eb.shape or ())))
-            continue
-        refuse_expanded(ea, str(a.path), "compare")
-        refuse_expanded(eb, str(b.path), "compare")
-        found = _compare_tensor(a, b, fqn, rtol, atol, budget, reporter)
-        if found is not None:
-            report.values.append(found)
-        reporter.advance(0, current=fqn)
+        if r.status == "kind":
+            report.kind.append((r.fqn, r.kind_a or "", r.kind_b or ""))
+        elif r.kind_a != "tensor" and r.status == "different":
+            report.objects.append(r.fqn)
+        elif r.kind_a == "tensor":
+            if r.dtype_a != r.dtype_b:
+                report.dtype.append((r.fqn, r.dtype_a or "", r.dtype_b or ""))
+            if r.status == "shape":
+                report.shape.append((r.fqn, list(r.shape_a or ()), list(r.shape_b or ())))
+            elif r.mismatched:
+                assert r.max_abs is not None and r.max_rel is not None
+                report.values.append(
+                    ValueMismatch(r.fqn, r.mismatched, r.count, r.max_abs, r.max_rel, nonfinite=r.nonfinite)
+                )
     return report

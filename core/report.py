@@ -18,13 +18,30 @@ path (its directory, for single-file checkpoints); ``offset``/``length`` is the 
 stores the chunk (for DCP: the chunk's archive; otherwise the raw bytes) and ``data_offset``
 where the raw row-major element bytes begin (for DCP only with ``--chunks``, which parses each
 chunk's archive).
+
+JSON schema of ``dcpstudio verify --json`` (``schema: 1``; :func:`diff_json`)::
+
+    {"schema": 1, "a": str, "b": str, "equal": bool, "compared": int,
+     "only_a": [str], "only_b": [str],
+     "kind": [{"fqn": str, "a": str, "b": str}], "dtype": [{"fqn": str, "a": str, "b": str}],
+     "shape": [{"fqn": str, "a": [int], "b": [int]}],
+     "values": [{"fqn": str, "mismatched": int, "count": int, "nonfinite": int,
+                 "max_abs": float, "max_rel": float}],
+     "objects": [str]}
+
+``values`` lists the tensors with elements outside the tolerance; the numbers are defined in
+:mod:`dcpstudio.core.diff`: ``nonfinite`` (added later, still schema 1) counts the mismatched pairs
+with NaN or an infinity on a side, which make ``max_abs`` infinite; ``max_rel`` is over the pairs
+where B is not 0, and infinite when B is 0 where A is beyond ``atol``. Infinities are written as
+Python's :mod:`json` writes them (``Infinity``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .diff import DiffReport
+from .diff import DiffReport, ValueMismatch
 from .inspect import Checkpoint
 from .model import Chunk, Node, dtype_name, printable, short_repr
 
@@ -142,11 +159,25 @@ def diff_json(report: DiffReport) -> dict[str, Any]:
         "dtype": [{"fqn": f, "a": x, "b": y} for f, x, y in report.dtype],
         "shape": [{"fqn": f, "a": x, "b": y} for f, x, y in report.shape],
         "values": [
-            {"fqn": v.fqn, "mismatched": v.mismatched, "count": v.count, "max_abs": v.max_abs, "max_rel": v.max_rel}
+            {
+                "fqn": v.fqn,
+                "mismatched": v.mismatched,
+                "count": v.count,
+                "nonfinite": v.nonfinite,
+                "max_abs": v.max_abs,
+                "max_rel": v.max_rel,
+            }
             for v in report.values
         ],
         "objects": report.objects,
     }
+
+
+def _value_line(v: ValueMismatch) -> str:
+    """Four significant digits (``0``, ``0.001``, ``2.5e-07``), and why a maximum is infinite."""
+    most = f"inf ({v.nonfinite} NaN/Inf against a different value)" if v.nonfinite else f"{v.max_abs:.4g}"
+    rel = "inf (B is 0 where A is not)" if v.max_rel == math.inf else f"{v.max_rel:.4g}"
+    return f"  values differ: {printable(v.fqn)}: {v.mismatched}/{v.count} elements, max abs {most}, max rel {rel}"
 
 
 def diff_text(report: DiffReport) -> str:
@@ -158,10 +189,6 @@ def diff_text(report: DiffReport) -> str:
     lines += [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind]
     lines += [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype]
     lines += [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape]
-    lines += [
-        f"  values differ: {printable(v.fqn)}: {v.mismatched}/{v.count} elements, "
-        f"max abs {v.max_abs:.6g}, max rel {v.max_rel:.6g}"
-        for v in report.values
-    ]
+    lines += [_value_line(v) for v in report.values]
     lines += [f"  value differs: {printable(f)}" for f in report.objects]
     return "\n".join(lines)

@@ -85,13 +85,16 @@ class DropButton(QPushButton):
             self.dropped.emit(dropped_paths(event)[0])
 
 
-def _tolerance(box: QLineEdit) -> float:
+def _tolerance(box: QLineEdit, name: str) -> float:
     text = box.text().strip()
     if not text:
         return 0.0
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{box.toolTip().split(':')[0]} must be a number ≥ 0 (got {text!r})")
+        raise ValueError(f"{name} must be a number ≥ 0, such as 1e-3 (got {text!r})")
     return value
 
 
@@ -292,7 +295,7 @@ class ConvertPanel(QWidget):
             self.ctx.notifier.info("Convert a checkpoint first: Verify compares its source and its result.")
             return None
         try:
-            rtol, atol = _tolerance(self.rtol), _tolerance(self.atol)
+            rtol, atol = _tolerance(self.rtol, "rtol"), _tolerance(self.atol, "atol")
         except ValueError as e:
             self.ctx.notifier.error(e)
             return None

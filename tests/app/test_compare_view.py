@@ -78,7 +78,9 @@ def test_compare_is_cancellable(
     torch.save({f"t{i}": torch.randn(100) for i in range(50)}, tmp_path / "a.pt")
     open_by_drop(qtbot, window, tmp_path / "a.pt")
     started = threading.Event()
-    import dcpstudio.core.diff as diff_module
+    import importlib
+
+    diff_module = importlib.import_module("dcpstudio.core.diff")  # the package's `diff` is the function
 
     real = diff_module.compare
 
