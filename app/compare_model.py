@@ -14,18 +14,19 @@ from dcpstudio.core.model import printable
 
 from .proxies import change_filter
 
-__all__ = ["COMPARE_COLUMNS", "ROW_ROLE", "STATUS_TEXT", "CompareModel", "CompareProxy"]
+__all__ = ["COMPARE_COLUMNS", "HIDDEN_AT_FIRST", "ROW_ROLE", "STATUS_TEXT", "CompareModel", "CompareProxy"]
 
 COMPARE_COLUMNS = (
     "Name",
     "Status",
-    "Max abs diff",
-    "Rel. L2 change",
+    "Max |Δ|",
+    "Rel. L2",
     "Cosine",
-    "Mismatched",
+    "Mismatch",
     "Dtype A / B",
     "Shape A / B",
 )
+HIDDEN_AT_FIRST = (6, 7)  # the status says when they differ; the row's tooltip and the header menu show them
 STATUS_TEXT = {
     "equal": "equal",
     "different": "different",
@@ -91,10 +92,10 @@ class CompareModel(QAbstractTableModel):
             return COMPARE_COLUMNS[section]
         if role == Qt.ItemDataRole.ToolTipRole:
             return {
-                2: "Largest |a − b| over the elements",
-                3: "‖a − b‖ / ‖a‖ over the whole tensor",
+                2: "Max abs diff: the largest |a − b| over the elements",
+                3: "Relative L2 change: ‖a − b‖ / ‖a‖ over the whole tensor",
                 4: "⟨a, b⟩ / (‖a‖ ‖b‖): 1 when the tensors point the same way",
-                5: "Elements outside the tolerance |a − b| ≤ atol + rtol·|b|",
+                5: "Share of elements outside the tolerance |a − b| ≤ atol + rtol·|b|",
             }.get(section)
         return None
 
@@ -110,7 +111,7 @@ class CompareModel(QAbstractTableModel):
         if col == 4:
             return _num(r.cosine, 6)
         if col == 5:
-            return f"{r.mismatched:,} / {r.count:,}" if r.count else "—"
+            return f"{100 * r.mismatched / r.count:.3g} %" if r.count else "—"
         if col == 6:
             return _pair(r.dtype_a, r.dtype_b)
         return _pair(r.shape_a, r.shape_b)
@@ -136,8 +137,12 @@ class CompareModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.BackgroundRole:
             colour = _COLOURS.get(r.status, QColor(253, 230, 138, 140))
             return QBrush(colour) if colour is not None else None
-        if role == Qt.ItemDataRole.ToolTipRole and index.column() == 0:
-            return printable(r.fqn)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return (
+                f"{printable(r.fqn)}\n{STATUS_TEXT.get(r.status, r.status)}; dtype {_pair(r.dtype_a, r.dtype_b)}, "
+                f"shape {_pair(r.shape_a, r.shape_b)}"
+                + (f"; {r.mismatched:,} of {r.count:,} elements outside the tolerance" if r.count else "")
+            )
         if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in (2, 3, 4, 5):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMenu,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -31,7 +32,7 @@ from dcpstudio.core import Checkpoint, open_checkpoint
 from dcpstudio.core.model import printable, short_repr
 from dcpstudio.core.slices import SliceSpec, read_window
 
-from ..compare_model import ROW_ROLE, CompareModel, CompareProxy
+from ..compare_model import HIDDEN_AT_FIRST, ROW_ROLE, CompareModel, CompareProxy
 from ..context import Context
 from ..value_model import format_value
 from ..workers import Job
@@ -64,6 +65,7 @@ def _values_table() -> QTableWidget:
     t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
     t.setTabKeyNavigation(False)
     t.horizontalHeader().setDefaultSectionSize(78)
+    t.verticalHeader().setDefaultSectionSize(22)
     return t
 
 
@@ -117,10 +119,16 @@ class CompareView(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setTabKeyNavigation(False)
         self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a name's distinctive end stays in view
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(40)
         for col in range(1, self.model.columnCount()):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+            self.table.setColumnHidden(col, col in HIDDEN_AT_FIRST)
+        header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        header.customContextMenuRequested.connect(self._header_menu)
         self.table.selectionModel().currentRowChanged.connect(lambda *_: self._row_selected())
         self.a_values, self.b_values = _values_table(), _values_table()
         self.a_caption, self.b_caption = QLabel("A"), QLabel("B")
@@ -152,6 +160,7 @@ class CompareView(QWidget):
         split.addWidget(sides)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
+        split.setSizes([260, 220])
         lay = QVBoxLayout(self)
         lay.addWidget(self.a_label)
         lay.addLayout(row1)
@@ -160,6 +169,15 @@ class CompareView(QWidget):
         lay.addWidget(split, 1)
         lay.addWidget(self.explore_button, 0, Qt.AlignmentFlag.AlignRight)
         self._set_busy(False)
+
+    def _header_menu(self, pos: Any) -> None:
+        menu = QMenu(self)
+        for col in range(1, self.model.columnCount()):
+            action = menu.addAction(str(self.model.headerData(col, Qt.Orientation.Horizontal)))
+            action.setCheckable(True)
+            action.setChecked(not self.table.isColumnHidden(col))
+            action.toggled.connect(lambda on, c=col: self.table.setColumnHidden(c, not on))
+        menu.exec(self.table.horizontalHeader().mapToGlobal(pos))
 
     # -- choosing B -----------------------------------------------------------------------------------
     def choose_b(self, directory: bool) -> None:

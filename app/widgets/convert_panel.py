@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
-    QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -34,6 +34,7 @@ from ..workers import Job
 __all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "accept_copy", "dropped_paths", "suggest_destination"]
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
+REPORT_HEIGHT = 76  # a long report scrolls inside the box; the window never grows
 SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
 _KINDS = ("convert", "verify")
 
@@ -126,12 +127,21 @@ class ConvertPanel(QWidget):
         self.dtype.addItems(["keep dtypes", "bf16", "fp16", "fp32"])
         self.dtype.setToolTip("Cast floating-point tensors (every target format)")
         self.split = QLineEdit()
-        self.split.setPlaceholderText("e.g. 5GB: DCP files / safetensors shards (empty: one file)")
-        form = QFormLayout()
-        form.addRow("Include", self.include)
-        form.addRow("Exclude", self.exclude)
-        form.addRow("Cast floats", self.dtype)
-        form.addRow("Split at", self.split)
+        self.split.setPlaceholderText("e.g. 5GB (empty: one file)")
+        self.split.setToolTip("Split DCP data files / safetensors shards at this size (empty: one file)")
+        form = QGridLayout()  # two fields a row: the panel stays short, the views above get the height
+        for n, (title, field) in enumerate(
+            (
+                ("Include", self.include),
+                ("Exclude", self.exclude),
+                ("Cast floats", self.dtype),
+                ("Split at", self.split),
+            )
+        ):
+            form.addWidget(QLabel(title), n // 2, 2 * (n % 2))
+            form.addWidget(field, n // 2, 2 * (n % 2) + 1)
+        form.setColumnStretch(1, 1)
+        form.setColumnStretch(3, 1)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(True)
@@ -141,7 +151,7 @@ class ConvertPanel(QWidget):
         self.report = QPlainTextEdit()
         self.report.setReadOnly(True)
         self.report.setMaximumBlockCount(5000)
-        self.report.setFixedHeight(92)
+        self.report.setFixedHeight(REPORT_HEIGHT)
         self.report.setPlaceholderText("The outcome of a conversion or verification appears here.")
         self.open_button = QPushButton("Open result")
         self.open_button.clicked.connect(self.open_result)

@@ -155,18 +155,17 @@ class Histogram(QWidget):
             p.drawLine(QPointF(plot.left() - 3, y), QPointF(plot.left(), y))
             p.drawText(QRectF(0, y - 8, self._LEFT - 6, 16), right, f"{top * frac:,.0f}")
         lo, hi = self.edges[0], self.edges[-1]
-        for k in range(5):  # values
-            x = plot.left() + plot.width() * k / 4
+        ticks = 4 if plot.width() >= 360 else 2  # labels never overlap
+        for k in range(ticks + 1):  # values
+            x = plot.left() + plot.width() * k / ticks
             p.drawLine(QPointF(x, plot.bottom()), QPointF(x, plot.bottom() + 3))
-            align = (
-                Qt.AlignmentFlag.AlignLeft
-                if k == 0
-                else Qt.AlignmentFlag.AlignRight
-                if k == 4
-                else Qt.AlignmentFlag.AlignHCenter
-            )
-            box = QRectF(x - 45 if 0 < k < 4 else (x if k == 0 else x - 90), plot.bottom() + 3, 90, 16)
-            p.drawText(box, align, f"{lo + (hi - lo) * k / 4:.4g}")
+            if k == 0:
+                align, left = Qt.AlignmentFlag.AlignLeft, x
+            elif k == ticks:
+                align, left = Qt.AlignmentFlag.AlignRight, x - 90
+            else:
+                align, left = Qt.AlignmentFlag.AlignHCenter, x - 45
+            p.drawText(QRectF(left, plot.bottom() + 3, 90, 16), align, f"{lo + (hi - lo) * k / ticks:.4g}")
         p.end()
 
 

@@ -271,6 +271,10 @@ class ValueExplorer(QWidget):
         index = self.model.index(min(row, self.model.rowCount() - 1), min(col, self.model.columnCount() - 1))
         self.table.scrollTo(index, QTableView.ScrollHint.PositionAtCenter)
         self.table.setCurrentIndex(index)
+        for box, value in ((self.goto_row, index.row()), (self.goto_col, index.column())):
+            box.blockSignals(True)  # show where we are without jumping again
+            box.setValue(value)
+            box.blockSignals(False)
 
     # -- whole-slice summary --------------------------------------------------------------------------
     def _set_summary(self, summary: SliceSummary | None) -> None:

@@ -226,7 +226,7 @@ def test_verify_cancels_and_reports_in_a_box_that_does_not_grow(
     finish(qtbot, window, "verify")
     text = window.panel.report.toPlainText()
     assert text.count("\n") >= 400 and "e+30" not in text
-    assert window.height() == height and window.panel.report.height() == 92
+    assert window.height() == height and window.panel.report.height() == cp.REPORT_HEIGHT
     window.panel.atol.setText("1.5")
     window.panel.verify()
     finish(qtbot, window, "verify")
