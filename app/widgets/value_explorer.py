@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,8 @@ class ValueExplorer(QWidget):
         dims.addWidget(self.goto_col)
         self.table = QTableView()
         self.table.setTabKeyNavigation(False)
-        self.table.horizontalHeader().setDefaultSectionSize(86)
+        widest = self.table.fontMetrics().horizontalAdvance("-0.000123457")  # 6 significant digits, never elided
+        self.table.horizontalHeader().setDefaultSectionSize(widest + 14)
         self.table.verticalHeader().setDefaultSectionSize(22)
         copy = QAction("Copy as CSV", self.table)
         copy.setShortcut(QKeySequence(QKeySequence.StandardKey.Copy))
@@ -371,7 +373,9 @@ class ValueExplorer(QWidget):
         def work(progress: Any, cancel: Any) -> Any:
             from dcpstudio.core import export_tensor
 
-            return export_tensor(ckpt, fqn, dst, overwrite=overwrite, progress=progress, cancel=cancel)
+            with warnings.catch_warnings():  # its notes come back in the result and are shown
+                warnings.simplefilter("ignore", UserWarning)
+                return export_tensor(ckpt, fqn, dst, overwrite=overwrite, progress=progress, cancel=cancel)
 
         def done(result: Any) -> None:
             notes = " ".join(getattr(result, "notes", ()) or ())

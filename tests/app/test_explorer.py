@@ -115,6 +115,7 @@ def test_copy_selection_as_csv_and_export(
     window.explore("b")
     ex.export()
     finish(qtbot, window, "explore-export")
+    assert "float32" in window.message_bar.text()  # the note: NumPy has no bfloat16
     assert np.load(dst).tolist() == torch.load(tmp_path / "x.pt")["b"].float().tolist()
     pt = tmp_path / "b.pt"
     window.save_path = lambda title, suggestion, filters: pt  # type: ignore[method-assign]
