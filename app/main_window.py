@@ -176,7 +176,8 @@ class MainWindow(QMainWindow):
 
     def show_view(self, index: int) -> None:
         self.views.setCurrentIndex(index)
-        self.views.currentWidget().setFocus()
+        first = {1: self.explorer.table, 2: self.compare_view.b_path}.get(index, self.views.currentWidget())
+        first.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
     def show_load(self) -> None:
         self.actions_tabs.setCurrentWidget(self.load_panel)
