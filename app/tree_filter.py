@@ -152,15 +152,24 @@ class TreeIndex:
                 stack.append(child)
         self.entries.reverse()  # children were pushed in order and popped in reverse
         self.by_kind = totals_by_kind(self.entries)
-        self.sharded = any(n.entry.shard_of is not None for n in self.entries)
-        if chunk_count is not None and not self.sharded:
-            self.sharded = any(chunk_count(n.entry.fqn) > 1 for n in self.entries if n.entry.kind == "tensor")
-        self.dtypes = sorted({dtype_name(n.entry.dtype) or "" for n in self.entries if n.entry.kind == "tensor"} - {""})
-        self.has_values = any(n.entry.kind != "tensor" for n in self.entries)
-        shapes = ("×".join(map(str, n.entry.shape)) for n in self.entries if n.entry.shape)
-        self.widest_shape = max(shapes, key=len, default="scalar")
-        types = {value_type(n.entry) for n in self.entries}
-        self.widest_type = max([*types, f"{len(self.entries):,} entries"], key=len)
+        self.dtypes = sorted(k for k in self.by_kind if k != "value")
+        self.has_values = "value" in self.by_kind
+        self.sharded = False
+        widest_dims: tuple[int, ...] = ()
+        types: set[str] = set()
+        for n in self.entries:  # one pass: what the columns show at their widest
+            e = n.entry
+            assert e is not None
+            if e.kind == "tensor":
+                shape = e.shape or ()
+                if len(str(shape)) > len(str(widest_dims)):
+                    widest_dims = shape
+                if e.shard_of is not None or (chunk_count is not None and not self.sharded and chunk_count(e.fqn) > 1):
+                    self.sharded = True
+            else:
+                types.add(value_type(e))
+        self.widest_shape = "×".join(map(str, widest_dims)) or "scalar"
+        self.widest_type = max([*types, *self.dtypes, f"{len(self.entries):,} entries"], key=len)
 
     def select(self, spec: EntryFilter) -> Selection:
         """Apply ``spec`` (raises ``re.error`` / ``ValueError`` for a bad pattern)."""

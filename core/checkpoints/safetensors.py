@@ -68,6 +68,9 @@ class SafetensorsCheckpoint(Checkpoint):
             return [SafetensorsTensor(t.name, t.file, t.dtype, t.shape, t.data_offset, t.nbytes, (0,) * len(t.shape))]
         return found
 
+    def chunk_count(self, fqn: str) -> int:
+        return len(self._local(fqn))
+
     def chunks(self, fqn: str) -> list[Chunk]:
         return [
             Chunk(t.offsets, t.shape, relative(t.file, self.path), t.data_offset, t.nbytes, t.data_offset)

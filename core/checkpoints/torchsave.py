@@ -98,6 +98,10 @@ class TorchCheckpoint(Checkpoint):
         """The whole object a single file holds (tensors as :class:`TensorRef`); None for shards."""
         return self._files[0].obj if len(self._files) == 1 and "index" not in self.info else None
 
+    def chunk_count(self, fqn: str) -> int:
+        entry = self.entry(fqn)
+        return 1 if entry.kind == "tensor" and self._values[fqn].storage is not None else 0
+
     def chunks(self, fqn: str) -> list[Chunk]:
         entry = self.entry(fqn)
         if entry.kind != "tensor":
