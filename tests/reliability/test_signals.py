@@ -44,6 +44,10 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_mid_conversion_leave_nothing(big_pt: Path, tmp_path: Path, signum: int) -> None:
     for target, dst in (("dcp", tmp_path / "out_dcp"), ("torch", tmp_path / "out.pt")):
@@ -53,6 +57,9 @@ def test_signals_mid_conversion_leave_nothing(big_pt: Path, tmp_path: Path, sign
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # a shell running us in the background (nohup, `&` in a script) ignores SIGINT, and children
+            # inherit that: give the child the terminal's default, as a user at a prompt has it
+            preexec_fn=_default_sigint,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
         time.sleep(0.1)
