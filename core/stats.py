@@ -1,12 +1,18 @@
 """Streaming statistics of one tensor: bounded memory whatever the tensor's size.
 
-The tensor is read block by block (row-major boxes of at most ``budget`` bytes); moments are
-merged with Chan's parallel algorithm in float64, so the result matches a float64 computation over
-the whole tensor. The histogram needs the range first, so it is a second pass.
+The tensor is read block by block (row-major boxes of at most ``budget`` bytes). Each block is
+checked with one ``aminmax`` in its own dtype: when both ends are finite the block holds no NaN or
+Inf and the masks are skipped (the common case). Moments are computed in float64 on sub-blocks
+small enough to stay in cache (two-pass within the sub-block, merged with Chan's parallel
+algorithm), so the result matches a float64 computation over the whole tensor without a float64
+copy of it. The histogram needs the range first, so it is a second pass -- over the kept block when
+the tensor fits in one, re-read otherwise; ``histc`` counts each sub-block in its own float type
+(exact below 2**24 per bin) and the counts are summed as integers.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +27,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["TensorStats", "tensor_stats"]
+
+_SUB = 1 << 20  # elements per float64 sub-block (8 MiB): the copy stays in cache, counts stay exact
+_FEW = 16  # non-finite values in a block up to which the finite runs between them are used as views
 
 
 @dataclass(frozen=True)
@@ -42,12 +51,97 @@ class TensorStats:
     note: str = ""
 
 
-def _as_float64(block: torch.Tensor) -> torch.Tensor:
+@dataclass
+class _Totals:
+    count: int = 0
+    finite: int = 0
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    zeros: int = 0
+    lo: float = math.inf
+    hi: float = -math.inf
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def merge(self, k: int, mean: float, m2: float) -> None:
+        total = self.finite + k
+        delta = mean - self.mean
+        self.mean += delta * k / total
+        self.m2 += m2 + delta * delta * self.finite * k / total
+        self.finite = total
+
+
+def _numeric(raw: torch.Tensor) -> torch.Tensor:
+    """A flat view (or small copy) of ``raw`` in a dtype torch's reductions accept, values exact."""
     import torch
 
-    if block.dtype.is_complex:
-        return block.abs().to(torch.float64)
-    return block.to(torch.float64)
+    x = raw.reshape(-1)
+    if x.dtype.is_complex:
+        return x.abs()
+    if x.dtype == torch.bool:
+        return x.view(torch.uint8)
+    if x.dtype.is_floating_point:
+        return x if x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else x.float()
+    if x.dtype in (torch.uint16, torch.uint32):
+        return x.to(torch.int64)
+    if x.dtype == torch.uint64:
+        return x.to(torch.float64)
+    return x
+
+
+def _finite_part(x: torch.Tensor, acc: _Totals) -> list[torch.Tensor]:
+    """Counts ``x``'s elements, NaNs and infinities into ``acc``; returns its finite values as
+    pieces: ``[x]`` when all are finite, views between the few non-finite ones, or one masked copy
+    when there are many."""
+    import torch
+
+    acc.count += x.numel()
+    if x.numel() == 0:
+        return []
+    if not x.dtype.is_floating_point:
+        return [x]
+    lo, hi = torch.aminmax(x)
+    if math.isfinite(lo.item()) and math.isfinite(hi.item()):
+        return [x]
+    bad = torch.isfinite(x).logical_not_()
+    where = torch.nonzero(bad).reshape(-1)
+    odd = x[where]
+    acc.nan += int(torch.count_nonzero(torch.isnan(odd)))
+    acc.posinf += int(torch.count_nonzero(torch.isposinf(odd)))
+    acc.neginf += int(torch.count_nonzero(torch.isneginf(odd)))
+    if where.numel() > _FEW:
+        good = x[bad.logical_not_()]
+        return [good] if good.numel() else []
+    edges = [-1, *where.tolist(), x.numel()]
+    return [x[a + 1 : b] for a, b in itertools.pairwise(edges) if b > a + 1]
+
+
+def _accumulate(good: torch.Tensor, acc: _Totals) -> None:
+    import torch
+
+    lo, hi = torch.aminmax(good)
+    acc.lo, acc.hi = min(acc.lo, float(lo)), max(acc.hi, float(hi))
+    acc.zeros += good.numel() - int(torch.count_nonzero(good))
+    for start in range(0, good.numel(), _SUB):
+        part = good[start : start + _SUB]
+        d = part - 0.0 if part.dtype == torch.float64 else part.to(torch.float64)  # a fresh float64 copy
+        k = d.numel()
+        mean = float(d.sum()) / k
+        d.sub_(mean)
+        acc.merge(k, mean, float(torch.dot(d, d)))
+
+
+def _histogram(good: torch.Tensor, hist: torch.Tensor, lo: float, hi: float) -> None:
+    import torch
+
+    for start in range(0, good.numel(), _SUB):
+        part = good[start : start + _SUB]
+        if not part.dtype.is_floating_point:
+            part = part.to(torch.float64)
+        elif part.element_size() < 4:  # bins placed in float32, not in the half type
+            part = part.float()
+        hist += torch.histc(part, bins=hist.numel(), min=lo, max=hi).to(torch.int64)
 
 
 def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) -> Iterator[torch.Tensor]:
@@ -58,7 +152,7 @@ def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) ->
         region = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
         block = ckpt.read_tensor(fqn, region)
         reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
-        yield block.reshape(-1)
+        yield block
 
 
 def tensor_stats(
@@ -78,56 +172,42 @@ def tensor_stats(
     if entry.kind != "tensor" or entry.dtype is None:
         raise ValueError(f"{fqn} is not a tensor")
     refuse_expanded(entry, str(ckpt.path), "summarise")
-    passes = 2 if bins > 0 else 1
+    one_block = entry.nbytes <= budget
+    passes = 2 if bins > 0 and not one_block else 1
     reporter = Reporter(progress, cancel, total_bytes=entry.nbytes * passes, total_items=1)
-    n = finite = nan = posinf = neginf = zeros = 0
-    mean = m2 = 0.0
-    lo, hi = math.inf, -math.inf
+    acc = _Totals()
+    kept: list[torch.Tensor] = []
     for raw in _read_blocks(ckpt, fqn, budget, reporter):
-        x = _as_float64(raw)
-        n += x.numel()
-        isnan = torch.isnan(x)
-        nan += int(isnan.sum())
-        posinf += int(torch.isposinf(x).sum())
-        neginf += int(torch.isneginf(x).sum())
-        zeros += int((x == 0).sum())
-        good = x[torch.isfinite(x)]
-        k = good.numel()
-        if k == 0:
-            continue
-        b_mean = float(good.mean())
-        b_m2 = float(((good - b_mean) ** 2).sum())
-        lo, hi = min(lo, float(good.min())), max(hi, float(good.max()))
-        total = finite + k
-        delta = b_mean - mean
-        mean += delta * k / total
-        m2 += b_m2 + delta * delta * finite * k / total
-        finite = total
+        pieces = _finite_part(_numeric(raw), acc)
+        for good in pieces:
+            _accumulate(good, acc)
+        kept = pieces if one_block else []
     edges: list[float] = []
     counts: list[int] = []
-    if bins > 0 and finite > 0:
-        hist = torch.zeros(bins, dtype=torch.float64)
-        for raw in _read_blocks(ckpt, fqn, budget, reporter):
-            x = _as_float64(raw)
-            x = x[torch.isfinite(x)]
-            if x.numel():
-                hist += torch.histc(x, bins=bins, min=lo, max=hi if hi > lo else lo + 1)
-        step = ((hi if hi > lo else lo + 1) - lo) / bins
+    if bins > 0 and acc.finite > 0:
+        lo, hi = acc.lo, acc.hi if acc.hi > acc.lo else acc.lo + 1
+        hist = torch.zeros(bins, dtype=torch.int64)
+        again = () if one_block else _read_blocks(ckpt, fqn, budget, reporter)
+        for pieces in itertools.chain([kept], (_finite_part(_numeric(raw), _Totals()) for raw in again)):
+            for good in pieces:
+                _histogram(good, hist, lo, hi)
+        step = (hi - lo) / bins
         edges = [lo + i * step for i in range(bins + 1)]
         counts = [int(c) for c in hist.tolist()]
+    finite = acc.finite
     return TensorStats(
         fqn=fqn,
         dtype=dtype_name(entry.dtype) or "",
-        count=n,
+        count=acc.count,
         finite=finite,
-        nan=nan,
-        posinf=posinf,
-        neginf=neginf,
-        zeros=zeros,
-        min=lo if finite else math.nan,
-        max=hi if finite else math.nan,
-        mean=mean if finite else math.nan,
-        std=math.sqrt(m2 / finite) if finite else math.nan,
+        nan=acc.nan,
+        posinf=acc.posinf,
+        neginf=acc.neginf,
+        zeros=acc.zeros,
+        min=acc.lo if finite else math.nan,
+        max=acc.hi if finite else math.nan,
+        mean=acc.mean if finite else math.nan,
+        std=math.sqrt(acc.m2 / finite) if finite else math.nan,
         hist_edges=edges,
         hist_counts=counts,
         note="complex values summarised by magnitude" if entry.dtype.is_complex else "",

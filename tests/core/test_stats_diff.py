@@ -78,6 +78,50 @@ def test_stats_reads_in_bounded_blocks(tmp_path: Path) -> None:
     assert len(sizes) == 10 and s.mean == pytest.approx(49_999.5)
 
 
+def _hist_reference(t: torch.Tensor, bins: int) -> list[int]:
+    x = t.reshape(-1)
+    good = x[torch.isfinite(x)]
+    lo, hi = float(good.min()), float(good.max())
+    return [int(c) for c in torch.histc(good, bins=bins, min=lo, max=hi).tolist()]
+
+
+@pytest.mark.parametrize("budget", [1 << 20, 64 << 20])
+@pytest.mark.parametrize("bad", ["none", "few", "many"])
+def test_stats_on_large_offset_values_and_nonfinite_runs(tmp_path: Path, budget: int, bad: str) -> None:
+    """Values far from zero (1e4 + noise: one-pass sums would cancel), more elements than one float64
+    sub-block, blocks with no, a few and many non-finite values: moments within 1e-9 of float64,
+    counts exact, and the block-wise histogram equal to one histc over the whole tensor."""
+    g = torch.Generator().manual_seed(7)
+    t = torch.randn(1_200_000, generator=g).mul_(1e-2).add_(1e4)
+    t[::1000] = 0.0
+    if bad == "few":
+        t[[5, 6, 1_048_575, 1_048_576, 1_199_999]] = torch.tensor([math.nan, math.inf, -math.inf, math.nan, math.inf])
+    elif bad == "many":
+        t[1::7] = math.nan
+        t[3::11] = -math.inf
+    tensors = {"f32": t, "f64": t.double()}
+    torch.save(tensors, tmp_path / "t.pt")
+    with open_checkpoint(tmp_path / "t.pt") as ckpt:
+        for name, x in tensors.items():
+            s = tensor_stats(ckpt, name, bins=32, budget=budget)
+            ref = _reference(x)
+            for key in ("count", "nan", "posinf", "neginf", "zeros", "finite"):
+                assert getattr(s, key) == ref[key], (name, key)
+            for key in ("min", "max", "mean", "std"):
+                assert getattr(s, key) == pytest.approx(ref[key], rel=1e-9, abs=1e-12), (name, key)
+            assert s.hist_counts == _hist_reference(x, 32), name
+
+
+def test_stats_of_a_tensor_without_finite_values(tmp_path: Path) -> None:
+    t = torch.full((3000,), math.nan)
+    t[::2] = math.inf
+    torch.save({"t": t}, tmp_path / "t.pt")
+    with open_checkpoint(tmp_path / "t.pt") as ckpt:
+        s = tensor_stats(ckpt, "t", bins=8, budget=4096)
+    assert (s.count, s.finite, s.nan, s.posinf, s.neginf) == (3000, 0, 1500, 1500, 0)
+    assert math.isnan(s.mean) and math.isnan(s.std) and s.hist_counts == []
+
+
 def test_blocks_tile_shapes_within_budget() -> None:
     for shape in [(5,), (3, 4), (2, 3, 7), (1, 1, 1), (6, 1000)]:
         seen = 0
