@@ -62,7 +62,9 @@ def _parse_size(text: str) -> int:
 def _run(mode: str, path: Path, rounds: int) -> dict[str, float]:
     runs = []
     for _ in range(rounds):
-        out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(path)], check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", RUNNER, mode, str(path)], check=True, capture_output=True, text=True
+        )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -75,7 +77,8 @@ def main() -> int:
 
     import torch
 
-    print(f"{'tensor':>10} {'read':>7} {'1 pass':>7} {'anchor':>7} {'ours':>7} {'ratio':>6}  {'ours RSS':>9} {'anchor RSS':>10}")
+    head = ("tensor", "read", "1 pass", "anchor", "ours", "ratio", "ours RSS", "anchor RSS")
+    print("{:>10} {:>7} {:>7} {:>7} {:>7} {:>6}  {:>9} {:>10}".format(*head))
     with tempfile.TemporaryDirectory(prefix="dcpstudio-stats-") as tmp:
         for text in args.sizes.split(","):
             size = _parse_size(text)
