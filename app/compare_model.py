@@ -142,6 +142,7 @@ class CompareModel(QAbstractTableModel):
                 f"{printable(r.fqn)}\n{STATUS_TEXT.get(r.status, r.status)}; dtype {_pair(r.dtype_a, r.dtype_b)}, "
                 f"shape {_pair(r.shape_a, r.shape_b)}"
                 + (f"; {r.mismatched:,} of {r.count:,} elements outside the tolerance" if r.count else "")
+                + (f", the first at {list(r.first_index)}" if r.first_index is not None else "")
             )
         if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in (2, 3, 4, 5):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -119,7 +119,7 @@ def _run_verify(args: argparse.Namespace) -> int:
             open_checkpoint(args.a, trust_pickle=args.trust_pickle) as a,
             open_checkpoint(args.b, trust_pickle=args.trust_pickle) as b,
         ):
-            report = diff(a, b, rtol=args.rtol, atol=args.atol, progress=bar)
+            report = diff(a, b, rtol=args.rtol, atol=args.atol, progress=bar, quick=args.quick)
     finally:
         if bar is not None:
             bar.close()

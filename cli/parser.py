@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="read each tensor only up to its first differing block: where it differs, not how much",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -5,7 +5,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-__all__ = ["blocks"]
+__all__ = ["BLOCK_BUDGET", "blocks"]
+
+BLOCK_BUDGET = 32 << 20
+"""Bytes per block of a streamed computation: per-block costs vanish, a few blocks fit anywhere.
+Blocks this large are unmapped when freed (glibc), so a long computation recycles its buffers
+(:mod:`._buffers`) rather than faulting fresh pages in for every block."""
 
 
 def blocks(shape: Sequence[int], itemsize: int, budget: int) -> Iterator[tuple[list[int], list[int]]]:

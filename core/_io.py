@@ -8,12 +8,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import io
+import math
 import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from ._buffers import new_tensor
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError
 
@@ -176,12 +178,13 @@ def read_box(
     import torch
 
     dt = dtype_of(dtype)
-    out = torch.empty(tuple(sizes), dtype=dt.torch)
-    if out.numel() == 0:
-        return out
+    count = math.prod(sizes)
+    if count == 0:
+        return torch.empty(tuple(sizes), dtype=dt.torch)
     itemsize = dt.itemsize
     span = contiguous_span(shape, offsets, sizes)
     if span is not None:
+        out = new_tensor(sizes, dt.torch)
         read_exact(f, data_offset + span[0] * itemsize, tensor_buffer(out), label)
         return out
     strides = [itemsize] * len(shape)  # in bytes
@@ -198,7 +201,7 @@ def read_box(
             dims[-1] = (dims[-1][0] * sizes[j], strides[j])
         else:
             dims.append((sizes[j], strides[j]))
-    flat = torch.empty(out.numel() * itemsize, dtype=torch.uint8)
+    flat = new_tensor([count * itemsize], torch.uint8)
     _read_runs(f, base, dims, run, tensor_buffer(flat), label, _DENSE_FLOOR)
     return flat.view(dt.torch).view(tuple(sizes))
 

@@ -32,12 +32,17 @@ reads A's equal blocks of that tensor again (until then it only checks whether `
 
 from __future__ import annotations
 
+import contextvars
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._blocks import blocks
+from ._blocks import BLOCK_BUDGET, blocks
+from ._buffers import BufferPool
+from ._compare_values import Tally, add_block, first_mismatch, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
 from .inspect import Checkpoint
 from .model import Entry, dtype_name, refuse_expanded
@@ -79,6 +84,8 @@ class EntryComparison:
     max_rel: float | None = None
     rel_l2: float | None = None
     cosine: float | None = None
+    first_index: tuple[int, ...] | None = None  # of the first element outside the tolerance
+    partial: bool = False  # values compared up to the first differing block only (``quick``)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,9 @@ class ValueMismatch:
     max_abs: float
     max_rel: float
     nonfinite: int = 0  # of the mismatched, pairs with NaN or an infinity on one side
+    rel_l2: float | None = None  # ||a - b|| / ||a||; None when ``partial``
+    first_index: tuple[int, ...] | None = None
+    partial: bool = False  # counted over the blocks up to the first difference (``quick``)
 
 
 @dataclass
@@ -133,158 +143,97 @@ def _objects_equal(x: Any, y: Any) -> bool:
         return False
 
 
-@dataclass
-class _Tally:
-    """A tensor pair's running totals; float64 sums over the finite pairs (when ``sums``)."""
-
-    sums: bool = True  # diff needs no norms
-    count: int = 0
-    mismatched: int = 0
-    nonfinite: int = 0
-    dmax: float = 0.0  # max |a - b| over the finite pairs
-    max_rel: float = 0.0
-    d2: float = 0.0  # sum |a - b|^2
-    a2: float = 0.0  # sum |a|^2
-    b2: float = 0.0
-    ab: float = 0.0  # Re sum conj(a) b
-    nonzero: bool = False  # a has a finite element other than 0
-
-    def add_equal(self, a2: float) -> None:
-        self.a2, self.b2, self.ab = self.a2 + a2, self.b2 + a2, self.ab + a2
-        self.nonzero = self.nonzero or a2 > 0
-
-    @property
-    def max_abs(self) -> float:
-        return math.inf if self.nonfinite else self.dmax
-
-    def rel_l2(self) -> float:
-        if self.dmax == 0:
-            return 0.0
-        return math.sqrt(self.d2) / math.sqrt(self.a2) if self.a2 else math.inf
-
-    def cosine(self) -> float | None:
-        if self.dmax == 0:
-            return 1.0 if self.nonzero else None
-        if self.a2 == 0 or self.b2 == 0:
-            return None
-        norms = math.sqrt(self.a2 * self.b2)
-        if not 0 < norms < math.inf:  # the product under- or overflowed
-            norms = math.sqrt(self.a2) * math.sqrt(self.b2)
-        return max(-1.0, min(1.0, self.ab / norms))
+_OVERLAP = 1 << 20  # blocks from this size on are read on the reader threads, the next pair during this one
 
 
-def _same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
-    import torch
+def _block_pairs(
+    a: Checkpoint,
+    b: Checkpoint,
+    fqn: str,
+    boxes: list[tuple[list[int], list[int]]],
+    readers: tuple[Executor, BufferPool],
+    big: bool,
+) -> Generator[tuple[list[int], list[int], torch.Tensor, torch.Tensor]]:
+    """``(offsets, sizes, x, y)`` for each box, flat. With ``big``, A and B are read at once on the
+    reader threads and the next pair is read while the caller works on this one (two pairs in
+    memory, their buffers recycled: the caller must not keep a pair past the next one); a read's
+    error is raised here, and no read is left running when the caller stops."""
 
-    xb, yb = x.view(torch.uint8), y.view(torch.uint8)
-    if all(t.numel() % 8 == 0 and t.storage_offset() % 8 == 0 for t in (xb, yb)):
-        xb, yb = xb.view(torch.int64), yb.view(torch.int64)  # words compare several times faster than bytes
-    return torch.equal(xb, yb)
+    def region(box: tuple[list[int], list[int]]) -> list[slice]:
+        return [slice(o, o + s) for o, s in zip(*box, strict=True)]
 
-
-def _wide(x: torch.Tensor, complex_: bool) -> torch.Tensor:
-    """A float64 (complex128) copy of ``x``: never the tensor read, which is then changed in place."""
-    import torch
-
-    return x.to(torch.complex128 if complex_ else torch.float64, copy=True)
-
-
-def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
-    return float(x.vdot(y).real) if x.is_complex() else float(x.dot(y))
-
-
-def _sum_sq(x: torch.Tensor) -> float:
-    """``sum |x|^2`` in float64 over the finite elements."""
-    xd = _wide(x, x.is_complex())
-    s = _dot(xd, xd)
-    if not math.isfinite(s):
-        xd = xd[xd.isfinite()]
-        s = _dot(xd, xd)
-    return s
-
-
-def _add_values(
-    t: _Tally, xd: torch.Tensor, yd: torch.Tensor, rtol: float, atol: float, exact_bad: int | None, check: bool
-) -> bool:
-    """Add the pairs of wide ``xd``/``yd`` (assumed finite; both are overwritten) to ``t``. With
-    ``check``, add nothing and return False when a difference is not finite (NaN or infinity)."""
-    import torch
-
-    if t.sums:
-        a2, b2, ab = _dot(xd, xd), _dot(yd, yd), _dot(xd, yd)
-    d = xd.sub_(yd).abs_() if not xd.is_complex() else xd.sub_(yd).abs()
-    most = float(d.max()) if d.numel() else 0.0
-    if check and not math.isfinite(most):
-        return False
-    if t.sums:
-        t.a2, t.b2, t.ab, t.d2 = t.a2 + a2, t.b2 + b2, t.ab + ab, t.d2 + float(torch.dot(d, d))
-        t.nonzero = t.nonzero or a2 > 0
-    if exact_bad is not None:
-        t.mismatched += exact_bad
-    if most == 0:
-        return True
-    t.dmax = max(t.dmax, most)
-    bb = yd.abs_() if not yd.is_complex() else yd.abs()
-    if exact_bad is None and rtol == 0 and atol == 0:
-        t.mismatched += int(torch.count_nonzero(d))
-    elif exact_bad is None and most > atol:
-        t.mismatched += int(torch.count_nonzero(d > bb.mul(rtol).add_(atol)))
-    if float(bb.min()) == 0:
-        zero = bb == 0
-        if bool((d > atol).logical_and_(zero).any()):
-            t.max_rel = math.inf
-        bb.masked_fill_(zero, math.inf)  # those pairs are left out: d / inf = 0
-    t.max_rel = max(t.max_rel, float(d.div_(bb).max()))
-    return True
-
-
-def _add_block(t: _Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
-    """Add one block pair (flat, same length, not bitwise equal) to ``t``."""
-    import torch
-
-    exact_bad = None
-    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
-        exact_bad = int(torch.count_nonzero(x != y))
-    complex_ = x.is_complex() or y.is_complex()
-    xd, yd = _wide(x, complex_), _wide(y, complex_)
-    if _add_values(t, xd, yd, rtol, atol, exact_bad, check=True):
+    if not big:
+        for box in boxes:
+            yield *box, a.read_tensor(fqn, region(box)).reshape(-1), b.read_tensor(fqn, region(box)).reshape(-1)
         return
-    xd, yd = _wide(x, complex_), _wide(y, complex_)
-    finite = torch.isfinite(xd).logical_and_(torch.isfinite(yd))
-    xn, yn = xd[~finite], yd[~finite]
-    bad = int(torch.count_nonzero(~((xn == yn) | (torch.isnan(xn) & torch.isnan(yn)))))
-    if bad:
-        t.mismatched += bad
-        t.nonfinite += bad
-    _add_values(t, xd[finite], yd[finite], rtol, atol, None, check=False)
+    threads, pool = readers
+    with pool.active():
+        context = contextvars.copy_context()  # the reader threads allocate from the pool too
+
+    def submit(box: tuple[list[int], list[int]]) -> tuple[Future[torch.Tensor], Future[torch.Tensor]]:
+        where = region(box)
+        return (
+            threads.submit(context.copy().run, a.read_tensor, fqn, where),
+            threads.submit(context.copy().run, b.read_tensor, fqn, where),
+        )
+
+    pending = submit(boxes[0]) if boxes else None
+    try:
+        for i, box in enumerate(boxes):
+            assert pending is not None
+            x, y = pending[0].result().reshape(-1), pending[1].result().reshape(-1)
+            pending = submit(boxes[i + 1]) if i + 1 < len(boxes) else None
+            yield *box, x, y
+            pool.give(x, y)
+            del x, y
+    finally:
+        if pending is not None:
+            futures_wait(pending)
 
 
 def _compare_tensor(
-    a: Checkpoint, b: Checkpoint, fqn: str, rtol: float, atol: float, budget: int, reporter: Reporter, norms: bool
-) -> _Tally:
+    a: Checkpoint,
+    b: Checkpoint,
+    fqn: str,
+    rtol: float,
+    atol: float,
+    budget: int,
+    reporter: Reporter,
+    readers: tuple[Executor, BufferPool],
+    quick: bool,
+) -> Tally:
     ea, eb = a.entries[fqn], b.entries[fqn]
     itemsize = max(ea.dtype.itemsize if ea.dtype else 1, eb.dtype.itemsize if eb.dtype else 1)
-    t = _Tally(sums=norms)
+    t = Tally()
     deferred = []  # bitwise-equal blocks of A whose sum |a|^2 is not taken (yet)
-    for offsets, sizes in blocks(ea.shape or (), itemsize, budget):
+    boxes = list(blocks(ea.shape or (), itemsize, budget))
+    pairs = _block_pairs(a, b, fqn, boxes, readers, big=min(ea.nbytes, budget) >= _OVERLAP)
+    for offsets, sizes, x, y in pairs:
         reporter.check()
-        region = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
-        x = a.read_tensor(fqn, region).reshape(-1)
-        y = b.read_tensor(fqn, region).reshape(-1)
         nbytes = x.numel() * x.element_size() + y.numel() * y.element_size()
         t.count += x.numel()
-        if x.dtype != y.dtype or not _same_bytes(x, y):
-            _add_block(t, x, y, rtol, atol)
-        elif norms and t.dmax > 0:
-            t.add_equal(_sum_sq(x))
-        elif norms:
-            deferred.append(region)
-            t.nonzero = t.nonzero or _sum_sq(x[:4096]) > 0 or _sum_sq(x) > 0
+        if x.dtype != y.dtype or not same_bytes(x, y):
+            before = t.mismatched
+            add_block(t, x, y, rtol, atol)
+            if t.first is None and t.mismatched > before:
+                flat = first_mismatch(x, y, rtol, atol)
+                t.first = None if flat is None else unravel(flat, offsets, sizes)
+                if quick:
+                    t.partial = True
+                    reporter.advance(nbytes, items=0, current=fqn)
+                    pairs.close()
+                    return t
+        elif t.dmax > 0:
+            t.add_equal(sum_sq(x))
+        else:
+            deferred.append((offsets, sizes))
+            t.nonzero = t.nonzero or sum_sq(x[:4096]) > 0 or sum_sq(x) > 0
         reporter.advance(nbytes, items=0, current=fqn)
-    if norms and deferred and t.dmax > 0:  # the norms are needed after all: read those blocks of A again
-        for region in deferred:
+    if deferred and t.dmax > 0:  # the norms are needed after all: read those blocks of A again
+        for offsets, sizes in deferred:
             reporter.check()
-            t.add_equal(_sum_sq(a.read_tensor(fqn, region).reshape(-1)))
+            region = [slice(o, o + n) for o, n in zip(offsets, sizes, strict=True)]
+            t.add_equal(sum_sq(a.read_tensor(fqn, region).reshape(-1)))
     return t
 
 
@@ -300,7 +249,7 @@ def _row(fqn: str, status: Status, ea: Entry | None, eb: Entry | None, **values:
 
 
 def _rows(
-    a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, norms: bool
+    a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, quick: bool
 ) -> Iterator[EntryComparison]:
     """One row per entry: A's in A's order, then those only in B. Sets the reporter's totals."""
     a.tree, b.tree  # noqa: B018 - the whole structure, checked (a DCP's storage index too), before any value
@@ -309,29 +258,34 @@ def _rows(
     reporter.total_bytes = sum(
         x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
     )
-    for fqn, ea in a.entries.items():
-        reporter.check()
-        eb = b.entries.get(fqn)
-        if eb is None:
-            yield _row(fqn, "only_a", ea, None)
-            continue
-        if (ea.kind == "tensor") != (eb.kind == "tensor"):
-            row = _row(fqn, "kind", ea, eb)
-        elif ea.kind != "tensor":
-            equal = _objects_equal(a.read_value(fqn), b.read_value(fqn))
-            row = _row(fqn, "equal" if equal else "different", ea, eb)
-        elif ea.shape != eb.shape:
-            row = _row(fqn, "shape", ea, eb)
-        else:
-            refuse_expanded(ea, str(a.path), "compare")
-            refuse_expanded(eb, str(b.path), "compare")
-            t = _compare_tensor(a, b, fqn, rtol, atol, budget, reporter, norms)
-            status: Status = "dtype" if ea.dtype != eb.dtype else "different" if t.mismatched else "equal"
-            values = {"count": t.count, "mismatched": t.mismatched, "nonfinite": t.nonfinite}
-            metrics = {"max_abs": t.max_abs, "max_rel": t.max_rel, "rel_l2": t.rel_l2(), "cosine": t.cosine()}
-            row = _row(fqn, status, ea, eb, **values, **metrics)
-        reporter.advance(0, current=fqn)
-        yield row
+    with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads:
+        readers = (threads, BufferPool())
+        for fqn, ea in a.entries.items():
+            reporter.check()
+            eb = b.entries.get(fqn)
+            if eb is None:
+                yield _row(fqn, "only_a", ea, None)
+                continue
+            if (ea.kind == "tensor") != (eb.kind == "tensor"):
+                row = _row(fqn, "kind", ea, eb)
+            elif ea.kind != "tensor":
+                equal = _objects_equal(a.read_value(fqn), b.read_value(fqn))
+                row = _row(fqn, "equal" if equal else "different", ea, eb)
+            elif ea.shape != eb.shape:
+                row = _row(fqn, "shape", ea, eb)
+            else:
+                refuse_expanded(ea, str(a.path), "compare")
+                refuse_expanded(eb, str(b.path), "compare")
+                t = _compare_tensor(a, b, fqn, rtol, atol, budget, reporter, readers, quick)
+                status: Status = "dtype" if ea.dtype != eb.dtype else "different" if t.mismatched else "equal"
+                values: dict[str, Any] = {"count": t.count, "mismatched": t.mismatched, "nonfinite": t.nonfinite}
+                values.update(first_index=t.first, partial=t.partial)
+                metrics = {"max_abs": t.max_abs, "max_rel": t.max_rel, "rel_l2": t.rel_l2(), "cosine": t.cosine()}
+                if t.partial:  # over the blocks read: no norm of the whole tensor
+                    metrics.update(rel_l2=None, cosine=None)
+                row = _row(fqn, status, ea, eb, **values, **metrics)
+            reporter.advance(0, current=fqn)
+            yield row
     for fqn, eb in b.entries.items():
         if fqn not in a.entries:
             yield _row(fqn, "only_b", None, eb)
@@ -343,7 +297,7 @@ def compare(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
-    budget: int = 32 << 20,
+    budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     on_entry: Callable[[EntryComparison], None] | None = None,
@@ -356,7 +310,7 @@ def compare(
     :class:`~.errors.CancelledError` when ``cancel`` is set (rows already handed out stay valid).
     """
     out = []
-    for row in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), norms=True):
+    for row in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), quick=False):
         out.append(row)
         if on_entry is not None:
             on_entry(row)
@@ -369,13 +323,18 @@ def diff(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
-    budget: int = 32 << 20,
+    budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
+    quick: bool = False,
 ) -> DiffReport:
-    """Compare ``a`` with ``b``; tensors within ``|a - b| <= atol + rtol * |b|`` are equal."""
+    """Compare ``a`` with ``b``; tensors within ``|a - b| <= atol + rtol * |b|`` are equal.
+
+    With ``quick``, each tensor is read only up to its first differing block: the report says where
+    the difference starts (``first_index``) and counts it over the blocks read (``partial``) -- what
+    a yes/no answer needs, at the cost of the totals."""
     report = DiffReport(str(a.path), str(b.path))
-    for r in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), norms=False):
+    for r in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), quick=quick):
         if r.status in ("only_a", "only_b"):
             (report.only_a if r.status == "only_a" else report.only_b).append(r.fqn)
             continue
@@ -392,6 +351,16 @@ def diff(
             elif r.mismatched:
                 assert r.max_abs is not None and r.max_rel is not None
                 report.values.append(
-                    ValueMismatch(r.fqn, r.mismatched, r.count, r.max_abs, r.max_rel, nonfinite=r.nonfinite)
+                    ValueMismatch(
+                        r.fqn,
+                        r.mismatched,
+                        r.count,
+                        r.max_abs,
+                        r.max_rel,
+                        nonfinite=r.nonfinite,
+                        rel_l2=r.rel_l2,
+                        first_index=r.first_index,
+                        partial=r.partial,
+                    )
                 )
     return report

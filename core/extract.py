@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from ._atomic import atomic_output
-from ._blocks import blocks
+from ._blocks import BLOCK_BUDGET, blocks
 from ._output import check_paths, io_error
 from ._tensor_io import to_bytes
 from .dtypes import DTYPES, DType
@@ -94,7 +94,7 @@ def export_tensor(
     *,
     fmt: str | None = None,
     overwrite: bool = False,
-    budget: int = 32 << 20,
+    budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> ExportResult:

@@ -166,6 +166,9 @@ def diff_json(report: DiffReport) -> dict[str, Any]:
                 "nonfinite": v.nonfinite,
                 "max_abs": v.max_abs,
                 "max_rel": v.max_rel,
+                "rel_l2": v.rel_l2,
+                "first_index": list(v.first_index) if v.first_index is not None else None,
+                "partial": v.partial,
             }
             for v in report.values
         ],
@@ -177,7 +180,18 @@ def _value_line(v: ValueMismatch) -> str:
     """Four significant digits (``0``, ``0.001``, ``2.5e-07``), and why a maximum is infinite."""
     most = f"inf ({v.nonfinite} NaN/Inf against a different value)" if v.nonfinite else f"{v.max_abs:.4g}"
     rel = "inf (B is 0 where A is not)" if v.max_rel == math.inf else f"{v.max_rel:.4g}"
-    return f"  values differ: {printable(v.fqn)}: {v.mismatched}/{v.count} elements, max abs {most}, max rel {rel}"
+    first = f", first at {list(v.first_index)}" if v.first_index is not None else ""
+    if v.partial:
+        return (
+            f"  values differ: {printable(v.fqn)}{first}: {v.mismatched}/{v.count} elements read up to the first "
+            f"differing block, max abs {most}, max rel {rel} (--quick: the rest not read)"
+        )
+    l2 = f", rel L2 {v.rel_l2:.4g}" if v.rel_l2 is not None else ""
+    l2 += " over the finite pairs" if l2 and v.nonfinite else ""
+    return (
+        f"  values differ: {printable(v.fqn)}{first}: {v.mismatched}/{v.count} elements, "
+        f"max abs {most}, max rel {rel}{l2}"
+    )
 
 
 def diff_text(report: DiffReport) -> str:

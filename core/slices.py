@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ._blocks import BLOCK_BUDGET
 from .inspect import Checkpoint
 from .progress import CancelToken, ProgressCallback, Reporter
 
@@ -124,7 +125,7 @@ def summarise_slice(
     *,
     max_bins: tuple[int, int] = (256, 256),
     hist_bins: int = 50,
-    budget: int = 32 << 20,
+    budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> SliceSummary:

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._blocks import blocks
+from ._blocks import BLOCK_BUDGET, blocks
+from ._buffers import BufferPool
 from .inspect import Checkpoint
 from .model import dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -145,14 +146,20 @@ def _histogram(good: torch.Tensor, hist: torch.Tensor, lo: float, hi: float) -> 
 
 
 def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) -> Iterator[torch.Tensor]:
+    """The tensor's blocks, flat, in row-major order. Each block's buffer is reused for a later one:
+    the caller keeps nothing of a block (views included) once it asks for the next."""
     entry = ckpt.entry(fqn)
     assert entry.dtype is not None
+    pool = BufferPool(keep=2)
     for offsets, sizes in blocks(entry.shape or (), entry.dtype.itemsize, budget):
         reporter.check()
         region = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
-        block = ckpt.read_tensor(fqn, region)
+        with pool.active():
+            block = ckpt.read_tensor(fqn, region)
         reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
         yield block
+        pool.give(block)
+        del block
 
 
 def tensor_stats(
@@ -160,7 +167,7 @@ def tensor_stats(
     fqn: str,
     *,
     bins: int = 64,
-    budget: int = 32 << 20,
+    budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> TensorStats:
@@ -182,6 +189,7 @@ def tensor_stats(
         for good in pieces:
             _accumulate(good, acc)
         kept = pieces if one_block else []
+        del raw, pieces
     edges: list[float] = []
     counts: list[int] = []
     if bins > 0 and acc.finite > 0:

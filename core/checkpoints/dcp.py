@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from .._buffers import new_tensor
 from .._files import member_path, read_regular
 from .._io import FileRange, read_box, read_exact
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
@@ -324,9 +326,9 @@ class DCPCheckpoint(Checkpoint):
         assert entry.dtype is not None
         offsets, sizes = _box(entry, region)
         chunks = self.chunks(fqn)  # checked to tile the tensor, each within what its file stores
-        target = torch.empty(sizes, dtype=entry.dtype.torch)  # every element is read below: the chunks tile it
-        if target.numel() == 0:
-            return target
+        if math.prod(sizes) == 0:
+            return torch.empty(sizes, dtype=entry.dtype.torch)
+        target: torch.Tensor | None = None  # every element is read below: the chunks tile it
         planned = []
         for k, local, size, at in _overlaps(offsets, sizes, [(c.offsets, c.sizes) for c in chunks]):
             c = chunks[k]
@@ -338,7 +340,9 @@ class DCPCheckpoint(Checkpoint):
             piece = read_box(self._files.get(c.file or ""), raw, c.sizes, entry.dtype, local, size, label)
             if size == sizes:
                 return piece  # one chunk holds the whole box
+            target = new_tensor(sizes, entry.dtype.torch) if target is None else target
             _place(target, at, piece)
+        target = new_tensor(sizes, entry.dtype.torch) if target is None else target
         if planned:
             self._read_planned(fqn, planned, offsets, sizes, target)
         return target

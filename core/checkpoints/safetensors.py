@@ -9,6 +9,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from .._buffers import new_tensor
 from .._io import FileRange, read_box, read_exact
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
@@ -81,15 +82,14 @@ class SafetensorsCheckpoint(Checkpoint):
         return self._files.get(path)  # checked inside the checkpoint when the index was read
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
-        import torch
-
         entry = self.tensor_entry(fqn)
         offsets, sizes = _box(entry, region)
         parts = self._local(fqn)
         if len(parts) == 1:
             t = parts[0]
             return read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file))
-        out = torch.empty(sizes, dtype=entry.dtype.torch if entry.dtype else None)  # the shards tile it
+        assert entry.dtype is not None
+        out = new_tensor(sizes, entry.dtype.torch)  # the shards tile it
         for k, local, size, at in _overlaps(offsets, sizes, [(t.offsets, t.shape) for t in parts]):
             t = parts[k]
             _place(out, at, read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file)))

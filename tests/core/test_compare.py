@@ -21,7 +21,7 @@ from dcpstudio.core import (
     open_checkpoint,
     torch_save_to_dcp,
 )
-from dcpstudio.core.diff import EntryComparison
+from dcpstudio.core.diff import DiffReport, EntryComparison
 from dcpstudio.core.report import diff_json, diff_text
 
 
@@ -310,9 +310,10 @@ def test_report_prints_readable_numbers(tmp_path: Path) -> None:
         report = diff(x, y)
     text = diff_text(report)
     assert "e+300" not in text and "e+3" not in text
-    assert "zero_b: 2/3 elements, max abs 1, max rel inf (B is 0 where A is not)" in text
-    assert "nan: 1/2 elements, max abs inf (1 NaN/Inf against a different value)" in text
-    assert "ok: 4/4 elements, max abs 0.001" in text
+    assert "zero_b, first at [0]: 2/3 elements, max abs 1, max rel inf (B is 0 where A is not), rel L2 0.2988" in text
+    assert "nan, first at [1]: 1/2 elements, max abs inf (1 NaN/Inf against a different value)" in text
+    assert "rel L2 0 over the finite pairs" in text
+    assert "ok, first at [0]: 4/4 elements, max abs 0.001" in text
     data = json.loads(json.dumps(diff_json(report)))
     assert [v["nonfinite"] for v in data["values"]] == [1 if v["fqn"] == "nan" else 0 for v in data["values"]]
 
@@ -343,6 +344,40 @@ def test_reads_bounded_blocks_and_reads_again_only_what_it_must(tmp_path: Path) 
     assert sum(n for s, f, n in compare_reads if (s, f) == ("a", "same")) == 1000  # equal: read once
     assert sum(n for s, f, n in compare_reads if (s, f) == ("b", "late")) == 1000
     assert sum(n for s, f, n in compare_reads if (s, f) == ("a", "late")) == 1000 + 900  # rows 0-89 again
-    assert sum(n for _, _, n in reads) == 4000  # diff needs no norms
+    assert sum(n for _, _, n in reads) == 4000 + 900  # diff's rel_l2 needs ||a|| too: A's equal blocks again
     _check(rows[1], _reference(a, b, 0.0, 0.0))
     assert seen[-1].fraction == 1.0 and seen[-1].done_items == 2
+
+
+def test_first_differing_index_and_quick_stop(tmp_path: Path) -> None:
+    """Every report says where a tensor starts to differ; ``quick`` reads each tensor only up to its
+    first differing block and says its counts are partial."""
+    a = {
+        "early": torch.randn(100, 10),
+        "late": torch.randn(4, 50, 5),
+        "ints": torch.arange(1000),
+        "same": torch.ones(50),
+    }
+    b = {k: v.clone() for k, v in a.items()}
+    b["early"][3, 7] += 1
+    b["early"][60:] += 1
+    b["late"][3, 41, 2] = math.nan
+    b["ints"][999] = -1
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    with open_checkpoint(tmp_path / "a.pt") as x, open_checkpoint(tmp_path / "b.pt") as y:
+        full = {v.fqn: v for v in diff(x, y, budget=400).values}
+        reads: list[tuple[str, int]] = []
+        real = x.read_tensor
+        x.read_tensor = lambda fqn, region=None: reads.append((fqn, (t := real(fqn, region)).numel())) or t  # type: ignore[method-assign]
+        quick = {v.fqn: v for v in diff(x, y, budget=400, quick=True).values}
+        quick_reads = sum(n for f, n in reads if f == "early")
+        rows = {r.fqn: r for r in compare(x, y, budget=400)}
+    assert {f: v.first_index for f, v in full.items()} == {"early": (3, 7), "late": (3, 41, 2), "ints": (999,)}
+    assert full["early"].mismatched == 1 + 400 and not full["early"].partial
+    assert full["early"].rel_l2 == pytest.approx(float((a["early"] - b["early"]).norm() / a["early"].norm()))
+    assert rows["early"].first_index == (3, 7) and rows["same"].first_index is None
+    assert {f: v.first_index for f, v in quick.items()} == {f: v.first_index for f, v in full.items()}
+    assert quick["early"].partial and quick["early"].mismatched == 1 and quick["early"].rel_l2 is None
+    assert quick_reads == 100  # its first block of 10 rows, nothing after
+    assert "first at [3, 7]" in diff_text(DiffReport("a", "b", values=[full["early"]]))

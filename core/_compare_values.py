@@ -1,0 +1,174 @@
+"""The numbers behind :mod:`.diff`: one block pair of a tensor compared, totals kept in a tally.
+
+A block pair that is bitwise equal costs one word-wise ``torch.equal``; only pairs that differ are
+widened to float64 (complex128) working copies -- of the block, never of the whole tensor. The
+first mismatched element of a tensor is located once (a mask over the first differing block), so
+reports can say where a difference starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Tally", "add_block", "first_mismatch", "same_bytes", "sum_sq"]
+
+
+@dataclass
+class Tally:
+    """A tensor pair's running totals; float64 sums over the finite pairs (when ``sums``)."""
+
+    sums: bool = True  # diff needs no norms
+    count: int = 0
+    mismatched: int = 0
+    nonfinite: int = 0
+    dmax: float = 0.0  # max |a - b| over the finite pairs
+    max_rel: float = 0.0
+    d2: float = 0.0  # sum |a - b|^2
+    a2: float = 0.0  # sum |a|^2
+    b2: float = 0.0
+    ab: float = 0.0  # Re sum conj(a) b
+    nonzero: bool = False  # a has a finite element other than 0
+    first: tuple[int, ...] | None = None  # index of the first mismatched element
+    partial: bool = False  # the comparison stopped at the first differing block
+
+    def add_equal(self, a2: float) -> None:
+        self.a2, self.b2, self.ab = self.a2 + a2, self.b2 + a2, self.ab + a2
+        self.nonzero = self.nonzero or a2 > 0
+
+    @property
+    def max_abs(self) -> float:
+        return math.inf if self.nonfinite else self.dmax
+
+    def rel_l2(self) -> float:
+        if self.dmax == 0:
+            return 0.0
+        return math.sqrt(self.d2) / math.sqrt(self.a2) if self.a2 else math.inf
+
+    def cosine(self) -> float | None:
+        if self.dmax == 0:
+            return 1.0 if self.nonzero else None
+        if self.a2 == 0 or self.b2 == 0:
+            return None
+        norms = math.sqrt(self.a2 * self.b2)
+        if not 0 < norms < math.inf:  # the product under- or overflowed
+            norms = math.sqrt(self.a2) * math.sqrt(self.b2)
+        return max(-1.0, min(1.0, self.ab / norms))
+
+
+def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    import torch
+
+    xb, yb = x.view(torch.uint8), y.view(torch.uint8)
+    if all(t.numel() % 8 == 0 and t.storage_offset() % 8 == 0 for t in (xb, yb)):
+        xb, yb = xb.view(torch.int64), yb.view(torch.int64)  # words compare several times faster than bytes
+    return torch.equal(xb, yb)
+
+
+def _wide(x: torch.Tensor, complex_: bool) -> torch.Tensor:
+    """A float64 (complex128) copy of ``x``: never the tensor read, which is then changed in place."""
+    import torch
+
+    return x.to(torch.complex128 if complex_ else torch.float64, copy=True)
+
+
+def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(x.vdot(y).real) if x.is_complex() else float(x.dot(y))
+
+
+def sum_sq(x: torch.Tensor) -> float:
+    """``sum |x|^2`` in float64 over the finite elements."""
+    xd = _wide(x, x.is_complex())
+    s = _dot(xd, xd)
+    if not math.isfinite(s):
+        xd = xd[xd.isfinite()]
+        s = _dot(xd, xd)
+    return s
+
+
+def _add_values(
+    t: Tally, xd: torch.Tensor, yd: torch.Tensor, rtol: float, atol: float, exact_bad: int | None, check: bool
+) -> bool:
+    """Add the pairs of wide ``xd``/``yd`` (assumed finite; both are overwritten) to ``t``. With
+    ``check``, add nothing and return False when a difference is not finite (NaN or infinity)."""
+    import torch
+
+    if t.sums:
+        a2, b2, ab = _dot(xd, xd), _dot(yd, yd), _dot(xd, yd)
+    d = xd.sub_(yd).abs_() if not xd.is_complex() else xd.sub_(yd).abs()
+    most = float(d.max()) if d.numel() else 0.0
+    if check and not math.isfinite(most):
+        return False
+    if t.sums:
+        t.a2, t.b2, t.ab, t.d2 = t.a2 + a2, t.b2 + b2, t.ab + ab, t.d2 + float(torch.dot(d, d))
+        t.nonzero = t.nonzero or a2 > 0
+    if exact_bad is not None:
+        t.mismatched += exact_bad
+    if most == 0:
+        return True
+    t.dmax = max(t.dmax, most)
+    bb = yd.abs_() if not yd.is_complex() else yd.abs()
+    if exact_bad is None and rtol == 0 and atol == 0:
+        t.mismatched += int(torch.count_nonzero(d))
+    elif exact_bad is None and most > atol:
+        t.mismatched += int(torch.count_nonzero(d > bb.mul(rtol).add_(atol)))
+    if float(bb.min()) == 0:
+        zero = bb == 0
+        if bool((d > atol).logical_and_(zero).any()):
+            t.max_rel = math.inf
+        bb.masked_fill_(zero, math.inf)  # those pairs are left out: d / inf = 0
+    t.max_rel = max(t.max_rel, float(d.div_(bb).max()))
+    return True
+
+
+def add_block(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
+    """Add one block pair (flat, same length, not bitwise equal) to ``t``."""
+    import torch
+
+    exact_bad = None
+    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
+        exact_bad = int(torch.count_nonzero(x != y))
+    complex_ = x.is_complex() or y.is_complex()
+    xd, yd = _wide(x, complex_), _wide(y, complex_)
+    if _add_values(t, xd, yd, rtol, atol, exact_bad, check=True):
+        return
+    xd, yd = _wide(x, complex_), _wide(y, complex_)
+    finite = torch.isfinite(xd).logical_and_(torch.isfinite(yd))
+    xn, yn = xd[~finite], yd[~finite]
+    bad = int(torch.count_nonzero(~((xn == yn) | (torch.isnan(xn) & torch.isnan(yn)))))
+    if bad:
+        t.mismatched += bad
+        t.nonfinite += bad
+    _add_values(t, xd[finite], yd[finite], rtol, atol, None, check=False)
+
+
+def first_mismatch(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> int | None:
+    """The flat index of the first pair of ``x``/``y`` (flat, same length) outside the tolerance,
+    by the rule :func:`add_block` counts with: equal, both NaN, or ``|x - y| <= atol + rtol * |y|``."""
+    import torch
+
+    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
+        bad = x != y
+    else:
+        complex_ = x.is_complex() or y.is_complex()
+        xd, yd = _wide(x, complex_), _wide(y, complex_)
+        close = (xd == yd).logical_or_(torch.isnan(xd).logical_and_(torch.isnan(yd)))
+        close.logical_or_((xd - yd).abs().le_(yd.abs().mul_(rtol).add_(atol)))
+        bad = close.logical_not_()
+    if not bool(bad.any()):
+        return None
+    return int(torch.argmax(bad.view(torch.uint8)))
+
+
+def unravel(flat: int, offsets: Sequence[int], sizes: Sequence[int]) -> tuple[int, ...]:
+    """The index in the whole tensor of element ``flat`` of the row-major box ``offsets``/``sizes``."""
+    index = []
+    for o, n in zip(reversed(offsets), reversed(sizes), strict=True):
+        flat, i = divmod(flat, n)
+        index.append(o + i)
+    return tuple(reversed(index))
