@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+_SPARSE = 8  # a block with at most 1 differing pair in this many is compared on those pairs alone
+
 __all__ = ["Tally", "add_block", "first_mismatch", "same_bytes", "sum_sq"]
 
 
@@ -23,7 +25,7 @@ __all__ = ["Tally", "add_block", "first_mismatch", "same_bytes", "sum_sq"]
 class Tally:
     """A tensor pair's running totals; float64 sums over the finite pairs (when ``sums``)."""
 
-    sums: bool = True  # diff needs no norms
+    sums: bool = True  # norms kept (quick comparisons need none)
     count: int = 0
     mismatched: int = 0
     nonfinite: int = 0
@@ -126,8 +128,7 @@ def _add_values(
     return True
 
 
-def add_block(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
-    """Add one block pair (flat, same length, not bitwise equal) to ``t``."""
+def _add_dense(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
     import torch
 
     exact_bad = None
@@ -145,6 +146,29 @@ def add_block(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: flo
         t.mismatched += bad
         t.nonfinite += bad
     _add_values(t, xd[finite], yd[finite], rtol, atol, None, check=False)
+
+
+def add_block(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, first: bool) -> int | None:
+    """Add one block pair (flat, same length, not bitwise equal) to ``t``; with ``first``, return
+    the flat index of its first pair outside the tolerance (None when all are inside).
+
+    When few pairs differ (at most 1 in ``_SPARSE``, same dtype), only those are widened and
+    compared; the equal pairs add their ``|a|^2`` to the norms (one float64 pass for ``||a||``,
+    skipped when the tally keeps no sums)."""
+    import torch
+
+    if x.dtype == y.dtype:
+        differ = x != y  # NaN pairs too: they are sorted out among the few
+        if int(torch.count_nonzero(differ)) * _SPARSE <= x.numel():
+            where = torch.nonzero(differ).reshape(-1)
+            xs, ys = x[where], y[where]
+            if t.sums:
+                t.add_equal(max(0.0, sum_sq(x) - sum_sq(xs)))
+            _add_dense(t, xs, ys, rtol, atol)
+            j = first_mismatch(xs, ys, rtol, atol) if first else None
+            return None if j is None else int(where[j])
+    _add_dense(t, x, y, rtol, atol)
+    return first_mismatch(x, y, rtol, atol) if first else None
 
 
 def first_mismatch(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> int | None:

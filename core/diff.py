@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._blocks import BLOCK_BUDGET, blocks
 from ._buffers import BufferPool
-from ._compare_values import Tally, add_block, first_mismatch, same_bytes, sum_sq, unravel
+from ._compare_values import Tally, add_block, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
 from .inspect import Checkpoint
 from .model import Entry, dtype_name, refuse_expanded
@@ -204,7 +204,7 @@ def _compare_tensor(
 ) -> Tally:
     ea, eb = a.entries[fqn], b.entries[fqn]
     itemsize = max(ea.dtype.itemsize if ea.dtype else 1, eb.dtype.itemsize if eb.dtype else 1)
-    t = Tally()
+    t = Tally(sums=not quick)  # quick reports no norms
     deferred = []  # bitwise-equal blocks of A whose sum |a|^2 is not taken (yet)
     boxes = list(blocks(ea.shape or (), itemsize, budget))
     pairs = _block_pairs(a, b, fqn, boxes, readers, big=min(ea.nbytes, budget) >= _OVERLAP)
@@ -213,16 +213,16 @@ def _compare_tensor(
         nbytes = x.numel() * x.element_size() + y.numel() * y.element_size()
         t.count += x.numel()
         if x.dtype != y.dtype or not same_bytes(x, y):
-            before = t.mismatched
-            add_block(t, x, y, rtol, atol)
-            if t.first is None and t.mismatched > before:
-                flat = first_mismatch(x, y, rtol, atol)
-                t.first = None if flat is None else unravel(flat, offsets, sizes)
+            flat = add_block(t, x, y, rtol, atol, first=t.first is None)
+            if flat is not None:
+                t.first = unravel(flat, offsets, sizes)
                 if quick:
                     t.partial = True
                     reporter.advance(nbytes, items=0, current=fqn)
                     pairs.close()
                     return t
+        elif not t.sums:
+            pass
         elif t.dmax > 0:
             t.add_equal(sum_sq(x))
         else:

@@ -40,7 +40,12 @@ def _reference(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> di
         max_rel = math.inf
     na, nb, nd = (float(torch.linalg.vector_norm(v)) for v in (xf, yf, xf - yf))
     inner = float((xf.conj() * yf).real.sum())
+    first = None
+    if bool(bad.any()):
+        flat = int(torch.nonzero(bad)[0])
+        first = tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
     return {
+        "first_index": first,
         "count": x.numel(),
         "mismatched": int(bad.sum()),
         "nonfinite": nonfinite,
@@ -63,7 +68,15 @@ def _pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     nan2[4, 4] = math.nan  # NaN against a number
     i = torch.randint(-50, 50, (200,), generator=g)
     c = torch.randn(61, dtype=torch.complex64, generator=g)
+    sp = torch.randn(40, 100, generator=g)
+    sp[0, 7], sp[0, 8] = math.nan, math.inf  # the same NaN and infinity on both sides: matching pairs
+    sp2 = sp.clone()
+    sp2[1, 0] += 1e-3  # a few pairs differ: compared on those alone
+    sp2[20, 0], sp2[30, 0], sp2[39, 99] = 0.0, math.nan, -sp2[39, 99]
+    big = torch.randint(-(2**40), 2**40, (3000,), generator=g)
     return {
+        "sparse": (sp, sp2),
+        "sparse_i64": (big, torch.where(torch.arange(3000) % 1000 == 999, big + 1, big)),
         "f32": (f, f2),
         "f32_equal": (f, f.clone()),
         "bf16": (f.bfloat16(), f2.bfloat16()),
@@ -84,7 +97,7 @@ def _pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _check(row: EntryComparison, ref: dict[str, Any]) -> None:
-    for key in ("count", "mismatched", "nonfinite"):
+    for key in ("count", "mismatched", "nonfinite", "first_index"):
         assert getattr(row, key) == ref[key], (row.fqn, key)
     for key in ("max_abs", "max_rel", "rel_l2", "cosine"):
         got, want = getattr(row, key), ref[key]
