@@ -102,8 +102,9 @@ def _finite_part(x: torch.Tensor, acc: _Totals) -> list[torch.Tensor]:
         return []
     if not x.dtype.is_floating_point:
         return [x]
-    lo, hi = torch.aminmax(x)
-    if math.isfinite(lo.item()) and math.isfinite(hi.item()):
+    lo, hi = (float(v) for v in torch.aminmax(x))
+    if math.isfinite(lo) and math.isfinite(hi):
+        acc.lo, acc.hi = min(acc.lo, lo), max(acc.hi, hi)  # the range of the one piece returned
         return [x]
     bad = torch.isfinite(x).logical_not_()
     where = torch.nonzero(bad).reshape(-1)
@@ -118,11 +119,13 @@ def _finite_part(x: torch.Tensor, acc: _Totals) -> list[torch.Tensor]:
     return [x[a + 1 : b] for a, b in itertools.pairwise(edges) if b > a + 1]
 
 
-def _accumulate(good: torch.Tensor, acc: _Totals) -> None:
+def _accumulate(good: torch.Tensor, acc: _Totals, ranged: bool) -> None:
+    """Adds the finite values ``good`` to ``acc`` (their range too, unless ``ranged``: taken)."""
     import torch
 
-    lo, hi = torch.aminmax(good)
-    acc.lo, acc.hi = min(acc.lo, float(lo)), max(acc.hi, float(hi))
+    if not ranged:
+        lo, hi = torch.aminmax(good)
+        acc.lo, acc.hi = min(acc.lo, float(lo)), max(acc.hi, float(hi))
     acc.zeros += good.numel() - int(torch.count_nonzero(good))
     for start in range(0, good.numel(), _SUB):
         part = good[start : start + _SUB]
@@ -185,11 +188,12 @@ def tensor_stats(
     acc = _Totals()
     kept: list[torch.Tensor] = []
     for raw in _read_blocks(ckpt, fqn, budget, reporter):
-        pieces = _finite_part(_numeric(raw), acc)
+        x = _numeric(raw)
+        pieces = _finite_part(x, acc)
         for good in pieces:
-            _accumulate(good, acc)
+            _accumulate(good, acc, ranged=good is x and x.dtype.is_floating_point)
         kept = pieces if one_block else []
-        del raw, pieces
+        del raw, x, pieces
     edges: list[float] = []
     counts: list[int] = []
     if bins > 0 and acc.finite > 0:
