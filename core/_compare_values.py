@@ -8,8 +8,10 @@ reports can say where a difference starts.
 
 from __future__ import annotations
 
+import ctypes
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,12 +65,35 @@ class Tally:
         return max(-1.0, min(1.0, self.ab / norms))
 
 
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    """C's ``memcmp`` (the GIL released while it runs), or None where it cannot be found."""
+    try:
+        libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
+        fn = libc.memcmp
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MEMCMP = _libc_memcmp()
+
+
 def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two tensors of the same dtype hold the same bytes. Contiguous CPU tensors are compared
+    with ``memcmp``: one thread, no OpenMP team whose spinning workers would slow the reader
+    threads down (measured: 1 MiB block pairs took 4 ms each through ``torch.equal``)."""
     import torch
 
-    xb, yb = x.view(torch.uint8), y.view(torch.uint8)
-    if all(t.numel() % 8 == 0 and t.storage_offset() % 8 == 0 for t in (xb, yb)):
-        xb, yb = xb.view(torch.int64), yb.view(torch.int64)  # words compare several times faster than bytes
+    nbytes = x.numel() * x.element_size()
+    if nbytes != y.numel() * y.element_size():
+        return False
+    if nbytes == 0:
+        return True
+    if _MEMCMP is not None and x.device.type == y.device.type == "cpu" and x.is_contiguous() and y.is_contiguous():
+        return _MEMCMP(x.data_ptr(), y.data_ptr(), nbytes) == 0
+    xb, yb = x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)
     return torch.equal(xb, yb)
 
 

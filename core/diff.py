@@ -40,7 +40,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._blocks import BLOCK_BUDGET, blocks
+from ._blocks import blocks
 from ._buffers import BufferPool
 from ._compare_values import Tally, add_block, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
@@ -143,6 +143,10 @@ def _objects_equal(x: Any, y: Any) -> bool:
         return False
 
 
+PAIR_BUDGET = 8 << 20
+"""Bytes per block of each side: two pairs in flight and a differing pair's float64 copies stay
+small, and a pair is compared while it is still in the cache (2 GiB verified in 0.59 s with 8 MiB
+blocks, 0.72 s with 32 MiB, against 0.56 s for ``cat`` of the same files, measured)."""
 _OVERLAP = 1 << 20  # blocks from this size on are read on the reader threads, the next pair during this one
 
 
@@ -297,7 +301,7 @@ def compare(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
-    budget: int = BLOCK_BUDGET,
+    budget: int = PAIR_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     on_entry: Callable[[EntryComparison], None] | None = None,
@@ -305,8 +309,8 @@ def compare(
     """Every entry of ``a`` and ``b`` compared: A's entries in A's order, then those only in B.
 
     ``on_entry`` receives each row as it is finished (a view can fill in live). Tensors are read in
-    blocks of at most ``budget`` bytes; with the float64 working copies a float32 pair that differs
-    peaks at about 8 x ``budget`` (263 MiB at the default, measured). Raises
+    blocks of at most ``budget`` bytes, two pairs at a time; with the float64 working copies a
+    float32 pair that differs peaks at about 12 x ``budget`` (about 100 MiB at the default). Raises
     :class:`~.errors.CancelledError` when ``cancel`` is set (rows already handed out stay valid).
     """
     out = []
@@ -323,7 +327,7 @@ def diff(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
-    budget: int = BLOCK_BUDGET,
+    budget: int = PAIR_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     quick: bool = False,
