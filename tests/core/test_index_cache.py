@@ -179,7 +179,7 @@ def test_an_inconsistent_index_is_ignored(chunked: Path, parses: list[str]) -> N
     """A cache whose framing and CRC are intact but whose arrays disagree (another writer's bug)."""
     _summary(chunked)
     md = chunked / ".metadata"
-    header, payload = _index_cache.load(md, "dcp-metadata") or (None, None)
+    _, payload = _index_cache.load(md, "dcp-metadata") or (None, None)
     assert payload is not None
     index = DCPIndex.from_bytes(payload)
     index.chunk_start[-1] += 1
