@@ -101,8 +101,9 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
             _check_memo(int.from_bytes(data[i : i + width], "little"), i - start, label)
             i += width
         elif kind == _STOP:
-            stream = bytes(data[start:i])
-            return StreamInfo(i, sum(stream.count(code) for code in _NESTING_OPS))
+            stream = data if isinstance(data, bytes) else bytes(data[start:i])
+            a, b = (start, i) if stream is data else (0, len(stream))
+            return StreamInfo(i, sum(stream.count(code, a, b) for code in _NESTING_OPS))
         elif kind in (_LINES, _PUT_LINE):
             for _ in range(2 if op in _TWO_LINES else 1):
                 end = data.find(b"\n", i)

@@ -29,6 +29,7 @@ from .dcp_metadata import (
     byte_size,
     cache_wanted,
     cached_index,
+    dispose,
     entries_from_metadata,
     same_metadata,
     store_index,
@@ -98,26 +99,35 @@ class DCPCheckpoint(Checkpoint):
         """The storage index and chunk lists, built on first use. A large ``.metadata`` is opened
         without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result."""
         if self._index is None:
-            md_path = self.path / METADATA_FILE
-            if self._head_only:  # the whole pickle, now: it must say what its head said
-                full = load_light_metadata(self._data, str(md_path))
-                if not same_metadata(self._md, full):
-                    raise CorruptCheckpointError(
-                        f"{md_path}: its entries are set twice, differently; refusing an ambiguous checkpoint"
-                    )
-                self._md, self._head_only = full, False
-            if not isinstance(getattr(self._md, "storage_data", None), dict):
-                raise CorruptCheckpointError(f"{md_path}: has no storage index")
-            rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in self.entries.values()]
-            with gc_paused():
-                index = DCPIndex.from_metadata(self._md, rows)
-            for fqn, entry in self.entries.items():
-                if entry.kind == "bytes":
-                    entry.byte_size = byte_size(index, fqn)
-            if not self._trust:  # a trusted pickle may hold anything: never cached
-                store_index(md_path, index)
-            self._data, self._index = b"", index
+            with gc_paused():  # millions of records: the cyclic GC's passes would cost seconds
+                self._index = self._build_index()
         return self._index
+
+    def _build_index(self) -> DCPIndex:
+        """Parse the whole pickle (it must say what its head said), index it, cache the index and free
+        the records."""
+        md_path = self.path / METADATA_FILE
+        if self._head_only:  # the whole pickle, now: it must say what its head said
+            full = load_light_metadata(self._data, str(md_path))
+            if not same_metadata(self._md, full):
+                raise CorruptCheckpointError(
+                    f"{md_path}: its entries are set twice, differently; refusing an ambiguous checkpoint"
+                )
+            head, self._md, self._head_only = self._md, full, False
+            dispose(head)
+        if not isinstance(getattr(self._md, "storage_data", None), dict):
+            raise CorruptCheckpointError(f"{md_path}: has no storage index")
+        rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in self.entries.values()]
+        index = DCPIndex.from_metadata(self._md, rows)
+        for fqn, entry in self.entries.items():
+            if entry.kind == "bytes":
+                entry.byte_size = byte_size(index, fqn)
+        if not self._trust:  # a trusted pickle may hold anything: never cached
+            store_index(md_path, index)
+        self._data = b""
+        md, self._md = self._md, None
+        dispose(md)
+        return index
 
     @functools.cached_property
     def tree(self) -> Node:

@@ -21,6 +21,7 @@ __all__ = [
     "byte_size",
     "cache_wanted",
     "cached_index",
+    "dispose",
     "entries_from_index",
     "entries_from_metadata",
     "same_metadata",
@@ -113,6 +114,18 @@ def entries_from_metadata(md: Any, label: str) -> dict[str, Entry]:
     except (AttributeError, TypeError, ValueError) as e:
         raise CorruptCheckpointError(f"{label}: damaged metadata entry ({e})") from e
     return entries
+
+
+def dispose(md: Any) -> None:
+    """Free a large metadata object graph piece by piece, from Python code. Dropped at once, its
+    millions of objects are freed in one C-level pass that holds the GIL for up to a second (a
+    window's GUI thread freezes meanwhile); between these steps other threads get their turns."""
+    fields = getattr(md, "__dict__", {})
+    for name in ("storage_data", "state_dict_metadata", "planner_data"):
+        items = fields.get(name)
+        if isinstance(items, dict):
+            while items:
+                items.popitem()
 
 
 def store_index(md_path: Path, index: DCPIndex) -> None:
