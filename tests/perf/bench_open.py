@@ -197,9 +197,8 @@ def bench_set(work: Path, tensors: int, ranks: int, repeat: int, keep: Path | No
     for label, cache in (("cold", work / f"cache-gui-{tensors}x{ranks}"), ("re-open", warm_dir)):
         g = run("gui", folder, cache)
         if "error" in g or not g.get("opened"):
-            print(
-                f"  window open ({label}): {g.get('error', 'not opened')}; max heartbeat gap {_s(g.get('max_gap'), 'ms')}"
-            )
+            why = g.get("error", "not opened")
+            print(f"  window open ({label}): {why}; max heartbeat gap {_s(g.get('max_gap'), 'ms')}")
             continue
         print(
             f"  window open ({label:7}): {_s(g.get('open'))} to the tree, max GUI heartbeat gap "
