@@ -99,11 +99,19 @@ def load(source: Path, kind: str) -> tuple[dict[str, Any], memoryview] | None:
     return header, payload
 
 
-def store(source: Path, kind: str, payload: bytes | bytearray, meta: dict[str, Any] | None = None) -> bool:
+def store(
+    source: Path,
+    kind: str,
+    payload: bytes | bytearray,
+    meta: dict[str, Any] | None = None,
+    *,
+    expect: dict[str, Any] | None = None,
+) -> bool:
     """Write ``payload`` (with the caller's ``meta`` in its header) as the cache entry for
-    ``source`` as it is now; False when the cache folder cannot be written (nothing raised)."""
+    ``source`` as it is now -- and only if that is still ``expect`` (its key when the caller read
+    it) when given; False when not stored (nothing raised: the cache folder may be unwritable)."""
     key = source_key(source, kind)
-    if key is None:
+    if key is None or (expect is not None and key != expect):
         return False
     path = _file_for(key)
     header = json.dumps(

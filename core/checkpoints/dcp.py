@@ -25,12 +25,16 @@ from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 from .dcp_metadata import (
-    HEAD_ONLY_ABOVE,
+    build_in_child,
     byte_size,
+    cache_key,
     cache_wanted,
     cached_index,
     dispose,
     entries_from_metadata,
+    head_first,
+    parse_in_child,
+    same_entries,
     same_metadata,
     store_index,
 )
@@ -60,18 +64,26 @@ class DCPCheckpoint(Checkpoint):
     """A large ``.metadata`` opens from its head (names, dtypes, shapes) and its storage index is
     parsed on first use into a :class:`DCPIndex`, which is kept in the user's cache
     (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next time, with no
-    pickle read at all. Chunk tables are checked when first asked for, wherever they came from."""
+    pickle read at all. Chunk tables are checked when first asked for, wherever they came from.
+
+    ``full_index``: parse the storage index at once (a large one in a child process:
+    :func:`.dcp_metadata.build_in_child`) instead of the head first -- for a caller that needs
+    everything anyway, as the window does."""
 
     format: Format = "dcp"
 
-    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+    def __init__(self, path: Path, *, trust_pickle: bool = False, full_index: bool = False) -> None:
         md_path = member_path(path, METADATA_FILE, "DCP metadata file")
         self._trust = trust_pickle
         self._index: DCPIndex | None = None
         self._md: Any = None
         self._data = b""
         self._head_only = False
+        self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
+        if cached is None and full_index and not trust_pickle and parse_in_child(md_path):
+            cached = build_in_child(path, str(path / METADATA_FILE))
+            store_index(md_path, cached[0], self._key)
         if cached is not None:
             self._index, entries = cached
             super().__init__(path, entries, {"version": self._index.version})
@@ -86,7 +98,7 @@ class DCPCheckpoint(Checkpoint):
         label = str(path / METADATA_FILE)
         data = read_regular(md_path, METADATA_LIMIT, label)
         md: Any = None
-        if len(data) > HEAD_ONLY_ABOVE and not self._trust:
+        if head_first(len(data), self._trust):
             md = load_light_metadata_head(data, label)  # storage index parsed on first use
         self._head_only = md is not None
         if md is None:
@@ -107,6 +119,17 @@ class DCPCheckpoint(Checkpoint):
         """Parse the whole pickle (it must say what its head said), index it, cache the index and free
         the records."""
         md_path = self.path / METADATA_FILE
+        if not self._trust and parse_in_child(md_path):
+            index, entries = build_in_child(self.path, str(md_path))
+            if not same_entries(entries, self.entries):
+                raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
+            for fqn, entry in self.entries.items():
+                if entry.kind == "bytes":
+                    entry.byte_size = byte_size(index, fqn)
+            store_index(md_path, index, self._key)
+            md, self._md, self._data = self._md, None, b""
+            dispose(md)
+            return index
         if self._head_only:  # the whole pickle, now: it must say what its head said
             full = load_light_metadata(self._data, str(md_path))
             if not same_metadata(self._md, full):
@@ -123,7 +146,7 @@ class DCPCheckpoint(Checkpoint):
             if entry.kind == "bytes":
                 entry.byte_size = byte_size(index, fqn)
         if not self._trust:  # a trusted pickle may hold anything: never cached
-            store_index(md_path, index)
+            store_index(md_path, index, self._key)
         self._data = b""
         md, self._md = self._md, None
         dispose(md)

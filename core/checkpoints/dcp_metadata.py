@@ -5,10 +5,13 @@ read at all."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from .. import _index_cache
+from .. import _index_cache, errors
 from .._pickle import gc_paused
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError
@@ -17,20 +20,33 @@ from ..model import Entry
 
 __all__ = [
     "CACHE_ABOVE",
+    "CHILD_ABOVE",
     "HEAD_ONLY_ABOVE",
+    "build_in_child",
     "byte_size",
+    "cache_key",
     "cache_wanted",
     "cached_index",
     "dispose",
     "entries_from_index",
     "entries_from_metadata",
+    "head_first",
+    "parse_in_child",
+    "same_entries",
     "same_metadata",
     "store_index",
 ]
 
 HEAD_ONLY_ABOVE = 4 << 20  # .metadata sizes past which the storage index is parsed lazily
 CACHE_ABOVE = HEAD_ONLY_ABOVE  # .metadata sizes whose index is kept in the user's cache
+CHILD_ABOVE = HEAD_ONLY_ABOVE  # .metadata sizes parsed in a child process (see build_in_child)
+IN_CHILD = False  # set in that child: parse in-process, store nothing
+TIMEOUT = 3600.0  # seconds a child may parse (a 2 GiB .metadata takes minutes)
 _CACHE_KIND = "dcp-metadata"
+_KNOWN = {
+    name: getattr(errors, name)
+    for name in ("CorruptCheckpointError", "UnsafePickleError", "UnsupportedFormatError", "MissingClassError")
+}
 
 
 def cache_wanted(md_path: Path) -> bool:
@@ -128,8 +144,64 @@ def dispose(md: Any) -> None:
                 items.popitem()
 
 
-def store_index(md_path: Path, index: DCPIndex) -> None:
-    """Keep ``index`` for the ``.metadata`` at ``md_path`` as it is now (large ones only; silently
-    nothing when the cache cannot be written)."""
-    if cache_wanted(md_path):
-        _index_cache.store(md_path, _CACHE_KIND, index.to_bytes())
+def head_first(size: int, trust: bool) -> bool:
+    """Whether to open a ``.metadata`` of ``size`` bytes from its head, its storage index later."""
+    return size > HEAD_ONLY_ABOVE and not trust and not IN_CHILD
+
+
+def parse_in_child(md_path: Path) -> bool:
+    try:
+        return not IN_CHILD and md_path.stat().st_size > CHILD_ABOVE
+    except OSError:
+        return False
+
+
+def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]]:
+    """The index (and entries) of the DCP checkpoint at ``path``, parsed by a child process
+    (:mod:`.dcp_index_child`): unpickling a large ``.metadata`` makes millions of Python objects
+    (~1.4 GB at the peak for 100,000 tensors) and spends seconds in C code that holds the GIL, so a
+    window's GUI thread would stutter however the work is sliced; in a child none of it touches the
+    caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
+    message; a child that dies or hangs is reported as damage."""
+    cmd = [sys.executable, "-m", f"{__package__}.dcp_index_child", str(path)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata took over {TIMEOUT:.0f} s") from None
+    if done.returncode == 3:
+        try:
+            found = json.loads(done.stderr.decode().strip().splitlines()[-1])
+            cls = _KNOWN[found["error"]]
+            extra = {k: found[k] for k in ("source", "what") if k in found} if cls is errors.UnsafePickleError else {}
+        except (ValueError, KeyError, IndexError, UnicodeDecodeError):
+            pass
+        else:
+            raise cls(found["message"], **extra)
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata failed ({tail[0][-200:]})")
+    try:
+        with gc_paused():
+            index = DCPIndex.from_bytes(done.stdout)
+            return index, entries_from_index(index)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise errors.CorruptCheckpointError(f"{label}: the metadata parser returned a damaged index ({e})") from e
+
+
+def same_entries(found: dict[str, Entry], entries: dict[str, Entry]) -> bool:
+    """Whether ``found`` lists exactly ``entries`` (names in order, kinds, dtypes, shapes)."""
+    return list(found) == list(entries) and all(
+        (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape)
+        for a, b in zip(found.values(), entries.values(), strict=True)
+    )
+
+
+def cache_key(md_path: Path) -> dict[str, Any] | None:
+    return _index_cache.source_key(md_path, _CACHE_KIND)
+
+
+def store_index(md_path: Path, index: DCPIndex, key: dict[str, Any] | None) -> None:
+    """Keep ``index`` for the ``.metadata`` at ``md_path`` -- only if it is still the file ``key``
+    (taken before it was read) names, and large; silently nothing when the cache cannot be written."""
+    if key is not None and cache_wanted(md_path) and not IN_CHILD:
+        _index_cache.store(md_path, _CACHE_KIND, index.to_bytes(), expect=key)

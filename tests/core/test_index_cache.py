@@ -283,3 +283,61 @@ def test_chunk_checks_hold_from_the_cache(chunked: Path, parses: list[str], edit
                 ckpt.chunks(name)
             assert ckpt.chunks("model.grid")
     assert len(parses) == 1
+
+
+# -- a large .metadata parsed in a child process -----------------------------------------------------
+@pytest.fixture
+def in_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0)
+
+
+def _open_summary(path: Path, **options: Any) -> dict[str, Any]:
+    with open_checkpoint(path, **options) as ckpt:
+        totals = ckpt.tree.totals
+        return {
+            "entries": {k: (e.kind, str(e.dtype), e.shape, e.byte_size) for k, e in ckpt.entries.items()},
+            "chunks": {k: ckpt.chunks(k) for k in ckpt.entries},
+            "paths": ckpt.paths(),
+            "totals": totals,
+        }
+
+
+@pytest.mark.parametrize("full_index", [True, False], ids=["at-open", "on-first-use"])
+def test_a_child_process_indexes_the_same(
+    chunked: Path, monkeypatch: pytest.MonkeyPatch, parses: list[str], full_index: bool
+) -> None:
+    monkeypatch.setattr(dcp_metadata, "CACHE_ABOVE", 1 << 40)  # nothing cached: each open parses
+    here = _open_summary(chunked)
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0)
+    assert _open_summary(chunked, full_index=full_index) == here
+    assert len(parses) == (1 if full_index else 2)  # the child's parse is not seen here
+
+
+def test_a_child_parse_is_cached(chunked: Path, in_child: None, parses: list[str]) -> None:
+    first = _open_summary(chunked, full_index=True)
+    assert len(_cache_files()) == 1
+    assert _open_summary(chunked, full_index=True) == first
+    assert parses == []
+
+
+def test_a_child_refuses_a_crafted_metadata_the_same_way(chunked: Path, tmp_path: Path, in_child: None) -> None:
+    md = read_metadata(chunked)
+    marker = tmp_path / "PAYLOAD_RAN"
+    md.planner_data = {**md.planner_data, "x": Payload(marker)}
+    (chunked / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(UnsafePickleError, match=r"builtins\.exec") as refused:
+        open_checkpoint(chunked, full_index=True)
+    assert refused.value.what == "builtins.exec" and refused.value.source.endswith(".metadata")
+    assert not marker.exists() and not _cache_files()
+
+
+def test_damage_found_in_a_child_is_reported(chunked: Path, in_child: None) -> None:
+    (chunked / ".metadata").write_bytes((chunked / ".metadata").read_bytes()[:-20])
+    with pytest.raises(CorruptCheckpointError, match="damaged pickle"):
+        open_checkpoint(chunked, full_index=True)
+
+
+def test_a_child_that_dies_is_reported(chunked: Path, in_child: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dcp_metadata.sys, "executable", "/bin/false")
+    with pytest.raises(CorruptCheckpointError, match="parsing its metadata failed"):
+        open_checkpoint(chunked, full_index=True)
