@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ._pickle_guard import run_with_stack, scan
+from ._pickle_guard import YieldingStream, run_with_stack, scan
 from ._refs import Device, Layout, Size, StorageType, TensorRef
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
 from .dtypes import BY_NAME, DType
@@ -111,38 +111,6 @@ class _Restricted(pickle.Unpickler):
         return self._storages.persistent_load(pid)
 
 
-class _Slices:
-    """The stream as the C unpickler reads it, through Python methods: ``io.BytesIO`` is read from
-    C, and an unpickler fed from it holds the GIL for the whole load (seconds for a large DCP
-    ``.metadata``: a window's GUI thread would freeze). Called once or twice per 64 KiB frame (or per
-    ``peek`` of an unframed stream), these let the interpreter hand the GIL to other threads."""
-
-    _PREFETCH = 1 << 17
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self._bytes = data
-        self._data = memoryview(data)
-        self._pos = 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self._data) if n < 0 else min(len(self._data), self._pos + n)
-        out = bytes(self._data[self._pos : end])
-        self._pos = end
-        return out
-
-    def readinto(self, buffer: Any) -> int:
-        out = self.read(len(buffer))
-        buffer[: len(out)] = out
-        return len(out)
-
-    def peek(self, n: int = 0) -> bytes:
-        return bytes(self._data[self._pos : self._pos + max(n, self._PREFETCH)])
-
-    def readline(self) -> bytes:
-        end = self._bytes.find(b"\n", self._pos)
-        return self.read(-1 if end < 0 else end + 1 - self._pos)
-
-
 _CORRUPT_ERRORS = (
     EOFError,
     IndexError,
@@ -173,7 +141,7 @@ def _load(
     info = scan(data, label)
 
     def run() -> Any:
-        unpickler = _Restricted(_Slices(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
+        unpickler = _Restricted(YieldingStream(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
         unpickler._storages = storages
         with gc_paused():
             return unpickler.load()
