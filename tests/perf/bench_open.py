@@ -90,7 +90,7 @@ elif mode == "gui":
     timer.start()
     t0 = time.monotonic()
     window.open_path(Path(path))
-    while window.ckpt is None or "open" not in window.jobs or window.jobs["open"].running:
+    while "open" not in window.jobs or window.jobs["open"].running:  # until it opens or fails
         app.processEvents()
         time.sleep(0.001)
         if time.monotonic() - t0 > 600:
