@@ -223,7 +223,9 @@ class DCPIndex:
         }
         planner = self.planner_data if isinstance(self.planner_data, str) else json.dumps(self.planner_data)
         parts = [_with_names(json.dumps(head, separators=(",", ":")), self.names).encode(), planner.encode()]
-        parts += [getattr(self, name).tobytes() for name in _ARRAYS]
+        narrow = [_narrow(getattr(self, name)) for name in _ARRAYS]
+        parts[0] = parts[0][:-1] + b',"types":"' + "".join(a.typecode for a in narrow).encode() + b'"}'
+        parts += [a.tobytes() for a in narrow]
         return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
     @classmethod
@@ -249,8 +251,11 @@ class DCPIndex:
         out.transforms, out.version = head["transforms"], head["version"]
         out.errors = {int(k): str(v) for k, v in head["errors"].items()}
         out.planner_data = bytes(parts[1]).decode()
-        for name, raw in zip(_ARRAYS, parts[2:], strict=True):
-            arr = array(getattr(out, name).typecode)
+        types = head["types"]
+        if not isinstance(types, str) or len(types) != len(_ARRAYS) or not set(types) <= {"h", "i", "q"}:
+            raise ValueError("bad array types")
+        for name, raw, code in zip(_ARRAYS, parts[2:], types, strict=True):
+            arr = array(code)
             arr.frombytes(raw)
             setattr(out, name, arr)
         n, chunks = len(out.names), len(out.file)
@@ -268,6 +273,13 @@ class DCPIndex:
         ):
             raise ValueError("the index's parts do not fit together")
         return out
+
+
+def _narrow(values: array[int]) -> array[int]:
+    """``values`` as 32-bit integers when they fit (most do: halves what the cache reads)."""
+    if values.typecode == "q" and (not values or (min(values) >= -(2**31) and max(values) < 2**31)):
+        return array("i", values)
+    return values
 
 
 def _with_names(head: str, names: list[str]) -> str:
