@@ -82,8 +82,9 @@ class DCPCheckpoint(Checkpoint):
         self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
         if cached is None and full_index and not trust_pickle and parse_in_child(md_path):
-            cached = build_in_child(path, str(path / METADATA_FILE))
-            store_index(md_path, cached[0], self._key)
+            cached = build_in_child(path, str(path / METADATA_FILE))  # None: no child here
+            if cached is not None:
+                store_index(md_path, cached[0], self._key)
         if cached is not None:
             self._index, entries = cached
             super().__init__(path, entries, {"version": self._index.version})
@@ -119,8 +120,9 @@ class DCPCheckpoint(Checkpoint):
         """Parse the whole pickle (it must say what its head said), index it, cache the index and free
         the records."""
         md_path = self.path / METADATA_FILE
-        if not self._trust and parse_in_child(md_path):
-            index, entries = build_in_child(self.path, str(md_path))
+        built = build_in_child(self.path, str(md_path)) if not self._trust and parse_in_child(md_path) else None
+        if built is not None:
+            index, entries = built
             if not same_entries(entries, self.entries):
                 raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
             for fqn, entry in self.entries.items():

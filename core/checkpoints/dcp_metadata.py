@@ -156,18 +156,23 @@ def parse_in_child(md_path: Path) -> bool:
         return False
 
 
-def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]]:
+def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
     """The index (and entries) of the DCP checkpoint at ``path``, parsed by a child process
     (:mod:`.dcp_index_child`): unpickling a large ``.metadata`` makes millions of Python objects
     (~1.4 GB at the peak for 100,000 tensors) and spends seconds in C code that holds the GIL, so a
     window's GUI thread would stutter however the work is sliced; in a child none of it touches the
     caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
-    message; a child that dies or hangs is reported as damage."""
+    message; a child that dies or hangs is reported as damage. None when no child can be started
+    here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
     cmd = [sys.executable, "-m", f"{__package__}.dcp_index_child", str(path)]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, check=False, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise errors.CorruptCheckpointError(f"{label}: parsing its metadata took over {TIMEOUT:.0f} s") from None
+    except OSError:
+        return None
+    if done.returncode == 1 and b"No module named" in done.stderr:
+        return None
     if done.returncode == 3:
         try:
             found = json.loads(done.stderr.decode().strip().splitlines()[-1])

@@ -341,3 +341,10 @@ def test_a_child_that_dies_is_reported(chunked: Path, in_child: None, monkeypatc
     monkeypatch.setattr(dcp_metadata.sys, "executable", "/bin/false")
     with pytest.raises(CorruptCheckpointError, match="parsing its metadata failed"):
         open_checkpoint(chunked, full_index=True)
+
+
+def test_without_a_child_it_parses_here(chunked: Path, in_child: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No interpreter to start a child with (a frozen app): the parse happens in-process."""
+    expected = _open_summary(chunked)
+    monkeypatch.setattr(dcp_metadata.sys, "executable", "/nonexistent/python")
+    assert _open_summary(chunked, full_index=True) == expected
