@@ -322,7 +322,7 @@ class MainWindow(QMainWindow):
         self._pending_open = path
 
         def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex]:
-            ckpt = open_checkpoint(path, trust_pickle=trust_pickle)
+            ckpt = open_checkpoint(path, trust_pickle=trust_pickle, full_index=True)  # a large index: in a child
             return ckpt, TreeIndex(
                 ckpt.tree, ckpt.chunk_count
             )  # the tree (and a DCP's storage index) built off the GUI thread

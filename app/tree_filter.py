@@ -9,9 +9,12 @@ and their ancestors -- a 100,000-entry tree filters in tens of milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dcpstudio.core import Entry, Node
 from dcpstudio.core.model import Totals, dtype_name
@@ -70,32 +73,51 @@ class EntryFilter:
 
     def compile(self) -> Callable[[Entry], bool]:
         """A predicate over entries; raises ``re.error`` / ``ValueError`` for a bad pattern."""
+        name_ok, kind_ok = self.compile_parts()
+
+        regex = self.regex
+
+        def accept(e: Entry) -> bool:
+            if kind_ok is not None and not kind_ok(e):
+                return False
+            return name_ok is None or name_ok(e.fqn if regex else e.fqn.lower())
+
+        return accept
+
+    def compile_parts(self) -> tuple[Callable[[str], bool] | None, Callable[[Entry], bool] | None]:
+        """The predicate over names (given lower-cased unless ``regex``) and the one over kind,
+        dtype and shape -- which entries of one dtype and shape share, so it runs once per such
+        group; None for a part that accepts everything."""
+        name_ok: Callable[[str], bool] | None = None
         if self.regex and self.text:
             pattern = re.compile(self.text, re.IGNORECASE)
 
-            def name_ok(fqn: str) -> bool:
+            def search(fqn: str) -> bool:
                 return pattern.search(fqn) is not None
-        else:
+
+            name_ok = search
+        elif self.text:
             needle = self.text.lower()
 
-            def name_ok(fqn: str) -> bool:
-                return needle in fqn.lower()
+            def contains(lowered: str) -> bool:
+                return needle in lowered
 
+            name_ok = contains
         shape_ok = _shape_predicate(self.shape)
         dtype = self.dtype
+        if not dtype and shape_ok is None:
+            return name_ok, None
 
-        def accept(e: Entry) -> bool:
+        def kind_ok(e: Entry) -> bool:
             if dtype:
                 if dtype == "value":
                     if e.kind == "tensor":
                         return False
                 elif e.kind != "tensor" or dtype_name(e.dtype) != dtype:
                     return False
-            if shape_ok is not None and (e.kind != "tensor" or not shape_ok(tuple(e.shape or ()))):
-                return False
-            return name_ok(e.fqn)
+            return shape_ok is None or (e.kind == "tensor" and shape_ok(tuple(e.shape or ())))
 
-        return accept
+        return name_ok, kind_ok
 
 
 def _shape_predicate(text: str) -> Callable[[tuple[int, ...]], bool] | None:
@@ -120,7 +142,77 @@ class Selection:
     """The outcome of a filter: matching entry nodes, every node that leads to one, their totals."""
 
     matched: set[int] = field(default_factory=set)
-    totals: dict[int, Aggregate] = field(default_factory=dict)  # visible nodes (matches and ancestors)
+    totals: Mapping[int, Aggregate] = field(default_factory=dict)  # visible nodes (matches and ancestors)
+
+
+_FLIP = bytes([1, 0] + [0] * 254)
+
+
+class _Sums(Mapping[int, Aggregate]):
+    """Totals over entries at each node leading to one, from per-size-group counts of entries below
+    each node (an :class:`Aggregate` is made only for a node that is asked for: the shown rows)."""
+
+    def __init__(self, counted: list[tuple[Counter[int], int, int]]) -> None:
+        self._counted = counted
+
+    def get(self, key: int, default: Any = None) -> Any:
+        agg = Aggregate()
+        for counts, params, nbytes in self._counted:
+            n = counts.get(key, 0)
+            agg.entries += n
+            agg.params += n * params
+            agg.nbytes += n * nbytes
+        return agg if agg.entries else default
+
+    def __getitem__(self, key: int) -> Aggregate:
+        found: Aggregate | None = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in counts for counts, _, _ in self._counted)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter({k for counts, _, _ in self._counted for k in counts})
+
+    def __len__(self) -> int:
+        return len({k for counts, _, _ in self._counted for k in counts})
+
+
+class _AllBut(Mapping[int, Aggregate]):
+    """The totals of a selection that keeps most entries: each node's own totals less those of the
+    entries left out (computed for the few left out, not the many kept)."""
+
+    def __init__(self, nodes: dict[int, Node], left_out: Mapping[int, Aggregate]) -> None:
+        self._nodes = nodes
+        self._left_out = left_out
+
+    def get(self, key: int, default: Any = None) -> Any:
+        node = self._nodes.get(key)
+        if node is None:
+            return default
+        t, out = node.totals, self._left_out.get(key)
+        if out is None:
+            return Aggregate(t.count, t.params, t.tensor_bytes)
+        if t.count == out.entries:
+            return default
+        return Aggregate(t.count - out.entries, t.params - out.params, t.tensor_bytes - out.nbytes)
+
+    def __getitem__(self, key: int) -> Aggregate:
+        found: Aggregate | None = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return (k for k in self._nodes if k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def totals_by_kind(nodes: Iterable[Node]) -> dict[str, Totals]:
@@ -142,55 +234,95 @@ class TreeIndex:
         self.root = root
         self.entries: list[Node] = []
         self.parent: dict[int, Node] = {}
+        self.nodes: dict[int, Node] = {id(root): root}
+        ancestry: dict[int, tuple[int, ...]] = {id(root): (id(root),)}  # a node and those above it
         stack = [root]
         while stack:
             node = stack.pop()
             if node.entry is not None:
                 self.entries.append(node)
+            above = ancestry[id(node)]
             for child in node.children.values():
                 self.parent[id(child)] = node
+                self.nodes[id(child)] = child
+                ancestry[id(child)] = (id(child), *above)
                 stack.append(child)
         self.entries.reverse()  # children were pushed in order and popped in reverse
+        # what filtering reads, prepared here (on the opening worker) so that a filter answers at once
+        self._ids = [id(n) for n in self.entries]
+        self._ancestry = list(map(ancestry.__getitem__, self._ids))
+        self._names = [n.entry.fqn for n in self.entries if n.entry is not None]
+        self._lowered = [name.lower() for name in self._names]
+        groups: dict[tuple[str, Any, tuple[int, ...] | None], int] = {}  # kind, dtype, shape -> group
+        self._group_of: list[int] = []
+        self._members: list[list[int]] = []
+        types: set[str] = set()
+        for k, n in enumerate(self.entries):
+            e = n.entry
+            assert e is not None
+            key = (e.kind, e.dtype, e.shape)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = len(self._members)
+                self._members.append([])
+            self._members[g].append(k)
+            self._group_of.append(g)
+            if e.kind != "tensor":
+                types.add(value_type(e))
+        self._first = [self.entries[ks[0]].entry for ks in self._members]  # each group's first entry
+        self._size = [(e.numel, e.nbytes) if e is not None and e.kind == "tensor" else (0, 0) for e in self._first]
         self.by_kind = totals_by_kind(self.entries)
         self.dtypes = sorted(k for k in self.by_kind if k != "value")
         self.has_values = "value" in self.by_kind
-        self.sharded = False
-        widest_dims: tuple[int, ...] = ()
-        types: set[str] = set()
-        for n in self.entries:  # one pass: what the columns show at their widest
-            e = n.entry
-            assert e is not None
-            if e.kind == "tensor":
-                shape = e.shape or ()
-                if len(str(shape)) > len(str(widest_dims)):
-                    widest_dims = shape
-                if e.shard_of is not None or (chunk_count is not None and not self.sharded and chunk_count(e.fqn) > 1):
-                    self.sharded = True
-            else:
-                types.add(value_type(e))
+        self.sharded = any(n.entry is not None and n.entry.shard_of is not None for n in self.entries)
+        if chunk_count is not None and not self.sharded:
+            self.sharded = any(
+                n.entry.kind == "tensor" and chunk_count(n.entry.fqn) > 1 for n in self.entries if n.entry
+            )
+        shapes = [e.shape or () for e in self._first if e is not None and e.kind == "tensor"]
+        widest_dims = max(shapes, key=lambda shape: len(str(shape)), default=())
         self.widest_shape = "×".join(map(str, widest_dims)) or "scalar"
         self.widest_type = max([*types, *self.dtypes, f"{len(self.entries):,} entries"], key=len)
 
     def select(self, spec: EntryFilter) -> Selection:
-        """Apply ``spec`` (raises ``re.error`` / ``ValueError`` for a bad pattern)."""
-        accept = spec.compile()
-        out = Selection()
-        totals = out.totals
-        parent = self.parent
-        for node in self.entries:
-            e = node.entry
-            assert e is not None
-            if not accept(e):
-                continue
-            out.matched.add(id(node))
-            params, nbytes = (e.numel, e.nbytes) if e.kind == "tensor" else (0, 0)
-            walk: Node | None = node
-            while walk is not None:
-                agg = totals.get(id(walk))
-                if agg is None:
-                    agg = totals[id(walk)] = Aggregate()
-                agg.entries += 1
-                agg.params += params
-                agg.nbytes += nbytes
-                walk = parent.get(id(walk))
+        """Apply ``spec`` (raises ``re.error`` / ``ValueError`` for a bad pattern). The dtype and
+        shape test runs once per group of entries that share them; totals are summed over the
+        matches, or -- when most entries match -- over the rest and taken off each node's totals."""
+        name_ok, kind_ok = spec.compile_parts()
+        chosen: list[int] | range = range(len(self.entries))
+        if kind_ok is not None:
+            chosen = [k for e, ks in zip(self._first, self._members, strict=True) if kind_ok(e) for k in ks]
+        if name_ok is not None and not spec.regex:
+            needle, lowered = spec.text.lower(), self._lowered  # the commonest filter, inlined
+            if isinstance(chosen, range):
+                chosen = [k for k, name in enumerate(lowered) if needle in name]
+            else:
+                chosen = [k for k in chosen if needle in lowered[k]]
+        elif name_ok is not None:
+            chosen = [k for k in chosen if name_ok(self._names[k])]
+        out = Selection(set(map(self._ids.__getitem__, chosen)))
+        if 2 * len(chosen) <= len(self.entries):
+            out.totals = self._sum(chosen)
+        else:
+            keep = bytearray(len(self.entries))
+            for k in chosen:
+                keep[k] = 1
+            out.totals = _AllBut(
+                self.nodes, self._sum(list(itertools.compress(range(len(keep)), keep.translate(_FLIP))))
+            )
         return out
+
+    def _sum(self, chosen: Iterable[int]) -> _Sums:
+        """Totals of the entries at positions ``chosen``, at each node that leads to one: counted
+        per group of entries of equal size (one C-level count over their ancestries each)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k in chosen:
+            e = self.entries[k].entry
+            assert e is not None
+            groups.setdefault((e.numel, e.nbytes) if e.kind == "tensor" else (0, 0), []).append(k)
+        ancestry = self._ancestry
+        counted = [
+            (Counter(itertools.chain.from_iterable(map(ancestry.__getitem__, ks))), p, b)
+            for (p, b), ks in groups.items()
+        ]
+        return _Sums(counted)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import _compat_pickle
 import contextlib
 import gc
-import io
 import pathlib
 import pickle
 import re
@@ -33,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ._pickle_guard import run_with_stack, scan
+from ._pickle_guard import YieldingStream, run_with_stack, scan
 from ._refs import Device, Layout, Size, StorageType, TensorRef
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
 from .dtypes import BY_NAME, DType
@@ -142,7 +141,7 @@ def _load(
     info = scan(data, label)
 
     def run() -> Any:
-        unpickler = _Restricted(io.BytesIO(data), label, allowed, trust=trust)
+        unpickler = _Restricted(YieldingStream(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
         unpickler._storages = storages
         with gc_paused():
             return unpickler.load()

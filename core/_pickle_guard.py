@@ -8,7 +8,8 @@ exception). :func:`scan` walks the opcodes once, without building anything, and 
 opcodes, arguments that run past the stream, memo indices beyond the entries stored so far, and
 out-of-band buffers; it returns where the pickle ends and how many nesting containers it builds.
 :func:`run_with_stack` then runs the unpickling on a thread whose C stack can hold that much
-nesting (a tuple's depth never exceeds the number of containers the stream builds).
+nesting (a tuple's depth never exceeds the number of containers the stream builds), reading it
+through :class:`YieldingStream` so that other threads run meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["StreamInfo", "run_with_stack", "scan"]
+__all__ = ["StreamInfo", "YieldingStream", "run_with_stack", "scan"]
 
 T = TypeVar("T")
 
@@ -101,8 +102,9 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
             _check_memo(int.from_bytes(data[i : i + width], "little"), i - start, label)
             i += width
         elif kind == _STOP:
-            stream = bytes(data[start:i])
-            return StreamInfo(i, sum(stream.count(code) for code in _NESTING_OPS))
+            stream = data if isinstance(data, bytes) else bytes(data[start:i])
+            a, b = (start, i) if stream is data else (0, len(stream))
+            return StreamInfo(i, sum(stream.count(code, a, b) for code in _NESTING_OPS))
         elif kind in (_LINES, _PUT_LINE):
             for _ in range(2 if op in _TWO_LINES else 1):
                 end = data.find(b"\n", i)
@@ -158,3 +160,35 @@ def run_with_stack(info: StreamInfo, label: str, fn: Callable[[], T]) -> T:
 
 
 _STACK_LOCK = threading.Lock()
+
+
+class YieldingStream:
+    """The stream as the C unpickler reads it, through Python methods: ``io.BytesIO`` is read from
+    C, and an unpickler fed from it holds the GIL for the whole load (seconds for a large DCP
+    ``.metadata``: a window's GUI thread would freeze). Called once or twice per 64 KiB frame (or per
+    ``peek`` of an unframed stream), these let the interpreter hand the GIL to other threads."""
+
+    _PREFETCH = 1 << 17
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._bytes = data
+        self._data = memoryview(data)
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._data) if n < 0 else min(len(self._data), self._pos + n)
+        out = bytes(self._data[self._pos : end])
+        self._pos = end
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        out = self.read(len(buffer))
+        buffer[: len(out)] = out
+        return len(out)
+
+    def peek(self, n: int = 0) -> bytes:
+        return bytes(self._data[self._pos : self._pos + max(n, self._PREFETCH)])
+
+    def readline(self) -> bytes:
+        end = self._bytes.find(b"\n", self._pos)
+        return self.read(-1 if end < 0 else end + 1 - self._pos)

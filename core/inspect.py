@@ -27,12 +27,16 @@ __all__ = [
 ]
 
 
-def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:
-    """Open a DCP directory, torch.save file or safetensors checkpoint without reading tensor data."""
+def open_checkpoint(
+    path: str | os.PathLike[str], *, trust_pickle: bool = False, full_index: bool = False
+) -> Checkpoint:
+    """Open a DCP directory, torch.save file or safetensors checkpoint without reading tensor data.
+    ``full_index``: read a DCP's whole storage index now (see :class:`DCPCheckpoint`), not on first
+    use -- for callers that will show every entry's chunks and sizes anyway."""
     p = Path(path)
     fmt = detect_format(p)
     if fmt == "dcp":
-        return DCPCheckpoint(p, trust_pickle=trust_pickle)
+        return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":
         return TorchCheckpoint(p, trust_pickle=trust_pickle)
     if fmt == "safetensors":

@@ -11,6 +11,14 @@ import torch
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user cache folder (index caches) under a temporary directory, never the user's."""
+    where = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(where))
+    return where
+
+
 def assert_same(a: Any, b: Any, path: str = "") -> None:
     """Deep equality of checkpoint trees: tensors bit-exact with equal dtype and shape; dict keys
     compared as strings (DCP stores every key as a string, as torch's converters do)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any
@@ -20,17 +19,30 @@ from .._io import FileRange, read_box, read_exact
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef, TensorRef
 from .._tensor_io import to_bytes
-from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError
 from ..formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
+from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
+from .dcp_metadata import (
+    build_in_child,
+    byte_size,
+    cache_key,
+    cache_wanted,
+    cached_index,
+    dispose,
+    entries_from_metadata,
+    head_first,
+    parse_in_child,
+    same_entries,
+    same_metadata,
+    store_index,
+)
 
 __all__ = ["DCPCheckpoint"]
 
-_HEAD_ONLY_ABOVE = 4 << 20  # .metadata sizes past which the storage index is parsed lazily
 _VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than this
 
 
@@ -50,121 +62,99 @@ def _damaged_metadata(method: Any) -> Any:
     return wrapper
 
 
-def _ints(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or len(value) > 64:
-        raise TypeError(f"expected a short tuple of integers, got {type(value).__name__}")
-    out = tuple(value)
-    if not all(type(v) is int and v >= 0 for v in out):
-        raise TypeError("expected non-negative integers")
-    return out
-
-
-def _same_metadata(head: Any, full: Any) -> bool:
-    """Whether the whole ``.metadata`` describes the same entries (names, kinds, dtypes, shapes,
-    chunks) and nesting as its head did."""
-    a, b = head.state_dict_metadata, getattr(full, "state_dict_metadata", None)
-    if not isinstance(b, dict) or list(a) != list(b) or head.planner_data != getattr(full, "planner_data", None):
-        return False
-    for fqn, x in a.items():
-        y = b[fqn]
-        if type(x) is not type(y):
-            return False
-        if hasattr(x, "chunks") and (
-            x.properties.dtype is not y.properties.dtype
-            or tuple(x.size) != tuple(y.size)
-            or [(tuple(c.offsets), tuple(c.sizes)) for c in x.chunks]
-            != [(tuple(c.offsets), tuple(c.sizes)) for c in y.chunks]
-        ):
-            return False
-    return True
-
-
-@dataclass(frozen=True)
-class _Stored:
-    """Where one DCP item (a tensor chunk's archive or a value's) lies: validated storage info."""
-
-    file: str
-    offset: int
-    length: int
-    transforms: tuple[str, ...] = ()
-
-
-def _stored(info: Any) -> _Stored:
-    file, offset, length = info.relative_path, info.offset, info.length
-    transforms = getattr(info, "transform_descriptors", None) or ()
-    if not isinstance(file, str) or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
-        raise TypeError("storage info needs a file name and non-negative offset and length")
-    if not isinstance(transforms, (list, tuple)) or not all(isinstance(t, str) for t in transforms):
-        raise TypeError("storage info has invalid transform descriptors")
-    return _Stored(file, offset, length, tuple(transforms))
-
-
 class DCPCheckpoint(Checkpoint):
+    """A large ``.metadata`` opens from its head (names, dtypes, shapes) and its storage index is
+    parsed on first use into a :class:`DCPIndex`, which is kept in the user's cache
+    (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next time, with no
+    pickle read at all. Chunk tables are checked when first asked for, wherever they came from.
+
+    ``full_index``: parse the storage index at once (a large one in a child process:
+    :func:`.dcp_metadata.build_in_child`) instead of the head first -- for a caller that needs
+    everything anyway, as the window does."""
+
     format: Format = "dcp"
 
-    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
-        md_path = path / METADATA_FILE
-        data = read_regular(member_path(path, METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path))
-        label = str(md_path)
-        md: Any = None
-        if len(data) > _HEAD_ONLY_ABOVE and not trust_pickle:
-            md = load_light_metadata_head(data, label)  # storage index parsed on first use
-        self._head_only = md is not None
-        if md is None:
-            md = load_light_metadata(data, label, trust=trust_pickle)
-        sdm = getattr(md, "state_dict_metadata", None)
-        if not isinstance(sdm, dict):
-            raise CorruptCheckpointError(f"{md_path}: does not hold DCP metadata")
-        self._data = data
-        entries: dict[str, Entry] = {}
-        try:
-            with gc_paused():
-                for fqn, smd in sdm.items():
-                    if not isinstance(fqn, str):
-                        raise TypeError(f"entry name {fqn!r} is not a string")
-                    if hasattr(smd, "chunks"):
-                        entries[fqn] = Entry(fqn, "tensor", dtype_of(smd.properties.dtype), _ints(smd.size))
-                    else:
-                        entries[fqn] = Entry(fqn, "bytes")
-        except (AttributeError, TypeError, ValueError) as e:
-            raise CorruptCheckpointError(f"{md_path}: damaged metadata entry ({e})") from e
-        super().__init__(path, entries, {"version": getattr(md, "version", None)})
-        self._md = md
+    def __init__(self, path: Path, *, trust_pickle: bool = False, full_index: bool = False) -> None:
+        md_path = member_path(path, METADATA_FILE, "DCP metadata file")
         self._trust = trust_pickle
-        self._index: dict[str, dict[tuple[int, ...], _Stored]] | None = None
+        self._index: DCPIndex | None = None
+        self._md: Any = None
+        self._data = b""
+        self._head_only = False
+        self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
+        cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
+        if cached is None and full_index and not trust_pickle and parse_in_child(md_path):
+            cached = build_in_child(path, str(path / METADATA_FILE))  # None: no child here
+            if cached is not None:
+                store_index(md_path, cached[0], self._key)
+        if cached is not None:
+            self._index, entries = cached
+            super().__init__(path, entries, {"version": self._index.version})
+        else:
+            super().__init__(path, self._open_pickle(path, md_path), {"version": getattr(self._md, "version", None)})
         self._chunks: dict[str, list[Chunk]] = {}
+        self._transforms: dict[str, dict[tuple[int, ...], tuple[str, ...]]] = {}
         self._raw: dict[tuple[str, tuple[int, ...]], int | None] = {}  # parsed once per chunk
         self._files = _OpenFiles(path, "DCP data file")
 
+    def _open_pickle(self, path: Path, md_path: Path) -> dict[str, Entry]:
+        label = str(path / METADATA_FILE)
+        data = read_regular(md_path, METADATA_LIMIT, label)
+        md: Any = None
+        if head_first(len(data), self._trust):
+            md = load_light_metadata_head(data, label)  # storage index parsed on first use
+        self._head_only = md is not None
+        if md is None:
+            md = load_light_metadata(data, label, trust=self._trust)
+        self._data, self._md = data, md
+        return entries_from_metadata(md, label)
+
     @_damaged_metadata
-    def _storage(self) -> dict[str, dict[tuple[int, ...], _Stored]]:
-        """fqn -> chunk offsets -> storage info, built on first use. A large ``.metadata`` is
-        opened without its storage index; this parses the whole pickle then (100k tensors: ~1.5 s)."""
+    def _storage(self) -> DCPIndex:
+        """The storage index and chunk lists, built on first use. A large ``.metadata`` is opened
+        without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result."""
         if self._index is None:
-            if self._head_only:  # the whole pickle, now: it must say what its head said
-                full = load_light_metadata(self._data, str(self.path / METADATA_FILE))
-                if not _same_metadata(self._md, full):
-                    raise CorruptCheckpointError(
-                        f"{self.path / METADATA_FILE}: its entries are set twice, differently; refusing an ambiguous "
-                        "checkpoint"
-                    )
-                self._md, self._head_only = full, False
-            storage_data = getattr(self._md, "storage_data", None)
-            if not isinstance(storage_data, dict):
-                raise CorruptCheckpointError(f"{self.path / METADATA_FILE}: has no storage index")
-            self._data = b""
-            index: dict[str, dict[tuple[int, ...], _Stored]] = {}
-            for key, info in storage_data.items():
-                fqn, offset = key.fqn, getattr(key, "offset", None)  # no offset for byte items
-                if not isinstance(fqn, str):
-                    raise TypeError("a storage key without a name")
-                index.setdefault(fqn, {})[_ints(offset) if offset is not None else ()] = _stored(info)
+            with gc_paused():  # millions of records: the cyclic GC's passes would cost seconds
+                self._index = self._build_index()
+        return self._index
+
+    def _build_index(self) -> DCPIndex:
+        """Parse the whole pickle (it must say what its head said), index it, cache the index and free
+        the records."""
+        md_path = self.path / METADATA_FILE
+        built = build_in_child(self.path, str(md_path)) if not self._trust and parse_in_child(md_path) else None
+        if built is not None:
+            index, entries = built
+            if not same_entries(entries, self.entries):
+                raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
             for fqn, entry in self.entries.items():
                 if entry.kind == "bytes":
-                    stored = index.get(fqn, {}).get(())
-                    entry.byte_size = stored.length if stored is not None else 0
-            self._index = index
-        return self._index
+                    entry.byte_size = byte_size(index, fqn)
+            store_index(md_path, index, self._key)
+            md, self._md, self._data = self._md, None, b""
+            dispose(md)
+            return index
+        if self._head_only:  # the whole pickle, now: it must say what its head said
+            full = load_light_metadata(self._data, str(md_path))
+            if not same_metadata(self._md, full):
+                raise CorruptCheckpointError(
+                    f"{md_path}: its entries are set twice, differently; refusing an ambiguous checkpoint"
+                )
+            head, self._md, self._head_only = self._md, full, False
+            dispose(head)
+        if not isinstance(getattr(self._md, "storage_data", None), dict):
+            raise CorruptCheckpointError(f"{md_path}: has no storage index")
+        rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in self.entries.values()]
+        index = DCPIndex.from_metadata(self._md, rows)
+        for fqn, entry in self.entries.items():
+            if entry.kind == "bytes":
+                entry.byte_size = byte_size(index, fqn)
+        if not self._trust:  # a trusted pickle may hold anything: never cached
+            store_index(md_path, index, self._key)
+        self._data = b""
+        md, self._md = self._md, None
+        dispose(md)
+        return index
 
     @functools.cached_property
     def tree(self) -> Node:
@@ -172,8 +162,10 @@ class DCPCheckpoint(Checkpoint):
         return build_tree(self.entries, self.path.name)
 
     def paths(self) -> dict[str, tuple[str | int, ...]]:
-        data = getattr(self._md, "planner_data", None)
         out = super().paths()
+        data: Any = getattr(self._md, "planner_data", None)
+        if self._index is not None:
+            data = {k: tuple(v) for k, v in self._index.paths().items() if isinstance(v, list)}
         if isinstance(data, dict):
             for fqn in self.entries:
                 path = data.get(fqn)
@@ -183,18 +175,15 @@ class DCPCheckpoint(Checkpoint):
 
     def _descriptors(self, fqn: str, offsets: tuple[int, ...]) -> list[str] | None:
         """Stream transforms (e.g. zstd) applied to a stored item, None when it is stored plain."""
-        return list(self._info(fqn, offsets).transforms) or None
-
-    def _info(self, fqn: str, offsets: tuple[int, ...]) -> _Stored:
-        info = self._storage().get(fqn, {}).get(offsets)
-        if info is None:
-            raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn!r} at {list(offsets)}")
-        return info
+        self.chunks(fqn)
+        return list(self._transforms[fqn].get(offsets, ())) or None
 
     def chunk_count(self, fqn: str) -> int:
         """From the metadata's chunk list alone: no storage index needed (it may not be parsed yet)."""
         if self.entry(fqn).kind != "tensor":
             return 1
+        if self._index is not None:
+            return self._index.chunk_count(fqn)
         listed = getattr(self._md.state_dict_metadata.get(fqn), "chunks", None)
         return len(listed) if isinstance(listed, (list, tuple)) else len(self.chunks(fqn))
 
@@ -205,25 +194,28 @@ class DCPCheckpoint(Checkpoint):
         if found is not None:
             return found
         entry = self.entry(fqn)
-        if entry.kind != "tensor":
-            info = self._info(fqn, ())
-            return [Chunk((), (), info.file, info.offset, info.length)]
-        listed = self._md.state_dict_metadata[fqn].chunks
-        if not isinstance(listed, (list, tuple)):
-            raise TypeError("chunks is not a list")
+        index = self._storage()
+        error = index.error(fqn)
+        if error is not None:
+            raise CorruptCheckpointError(f"{self.path / METADATA_FILE}: damaged metadata ({error})")
         out = []
-        for c in listed:
-            offsets, sizes = _ints(c.offsets), _ints(c.sizes)
-            info = self._info(fqn, offsets)
+        transforms = {}
+        for offsets, sizes, info in index.chunks(fqn):
+            if info is None:
+                raise CorruptCheckpointError(f"{self.path}: no storage entry for {fqn!r} at {list(offsets)}")
             out.append(Chunk(offsets, sizes, info.file, info.offset, info.length))
-        label = f"{self.path} ({fqn!r})"
-        check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], label)
-        assert entry.dtype is not None
-        for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
-            if not self._info(fqn, c.offsets).transforms and volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
-                raise CorruptCheckpointError(
-                    f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only {c.length} bytes"
-                )
+            transforms[offsets] = info.transforms
+        if entry.kind == "tensor":
+            label = f"{self.path} ({fqn!r})"
+            check_tiling(entry.shape or (), [(c.offsets, c.sizes) for c in out], label)
+            assert entry.dtype is not None
+            for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
+                if not transforms[c.offsets] and volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
+                    raise CorruptCheckpointError(
+                        f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only "
+                        f"{c.length} bytes"
+                    )
+        self._transforms[fqn] = transforms
         self._chunks[fqn] = out
         return out
 

@@ -148,17 +148,19 @@ def test_large_metadata_opens_without_its_storage_index_then_loads_it(
 ) -> None:
     """The head-only parse (used for big .metadata files) gives the same model as a full parse,
     even when a tensor is itself named like the metadata field that is cut at."""
-    from dcpstudio.core.checkpoints import dcp as inspect_mod
+    from dcpstudio.core.checkpoints import dcp_metadata
 
     full = open_checkpoint(multirank_dcp)
-    monkeypatch.setattr(inspect_mod, "_HEAD_ONLY_ABOVE", 0)
-    head = open_checkpoint(multirank_dcp)
-    assert not hasattr(head._md, "storage_data")  # type: ignore[attr-defined]
-    assert {k: (e.kind, e.dtype, e.shape) for k, e in head.entries.items()} == {
-        k: (e.kind, e.dtype, e.shape) for k, e in full.entries.items()
-    }
-    for fqn in full.entries:
-        assert head.chunks(fqn) == full.chunks(fqn)
+    monkeypatch.setattr(dcp_metadata, "HEAD_ONLY_ABOVE", 0)
+    for child in (False, True):  # the storage index parsed here, then in a child process
+        monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0 if child else 1 << 40)
+        head = open_checkpoint(multirank_dcp)
+        assert not hasattr(head._md, "storage_data")  # type: ignore[attr-defined]
+        assert {k: (e.kind, e.dtype, e.shape) for k, e in head.entries.items()} == {
+            k: (e.kind, e.dtype, e.shape) for k, e in full.entries.items()
+        }
+        for fqn in full.entries:
+            assert head.chunks(fqn) == full.chunks(fqn)
 
     tricky = {"storage_data": torch.arange(6.0), "planner_data": {"storage_data": 3}, "x": torch.ones(2)}
     dcp_save(tricky, checkpoint_id=tmp_path / "tricky")

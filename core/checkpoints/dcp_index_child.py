@@ -1,0 +1,45 @@
+"""The child process that parses a large DCP ``.metadata`` and hands back only its index (the
+parent side is :func:`.dcp_metadata.build_in_child`).
+
+Unpickling a ``.metadata`` that lists 100,000 tensors makes millions of Python objects: ~1.4 GB at
+its peak, and seconds in C code that holds the GIL (the C unpickler; freeing the objects) -- a
+window's GUI thread stutters meanwhile however the work is sliced. In a child process none of that
+touches the caller: the child runs the same restricted parse and checks
+(:class:`~.dcp.DCPCheckpoint`), and writes the index in its pickle-free serialised form to its
+stdout; the parent reads it back as it reads the index cache, and checks that it lists the
+entries it opened. A refusal in the child (an unsafe pickle, damaged metadata) is raised again in
+the parent with the same class and message; a child that dies or hangs is reported as such.
+
+    python -m dcpstudio.core.checkpoints.dcp_index_child CHECKPOINT_DIR   # index bytes on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from .. import errors
+from . import dcp_metadata
+from .dcp import DCPCheckpoint
+
+
+def main(argv: list[str]) -> int:
+    dcp_metadata.IN_CHILD = True  # parse here, store nothing: the parent checks and caches
+    try:
+        ckpt = DCPCheckpoint(Path(argv[0]))
+        index = ckpt._storage()
+    except (errors.CorruptCheckpointError, errors.UnsafePickleError, errors.UnsupportedFormatError) as e:
+        found = {"error": type(e).__name__, "message": str(e)}
+        if isinstance(e, errors.UnsafePickleError):
+            found.update(source=e.source, what=e.what)
+        print(json.dumps(found), file=sys.stderr)
+        return 3
+    sys.stdout.buffer.write(index.to_bytes())
+    sys.stdout.flush()
+    os._exit(0)  # no teardown: freeing millions of records one by one would only cost time
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,212 @@
+"""How a DCP checkpoint's ``.metadata`` becomes its entries and :class:`DCPIndex`: from the
+restricted pickle (its head first when it is large), or -- for a large one already parsed
+unchanged -- from the user's index cache (:mod:`dcpstudio.core._index_cache`), with no pickle
+read at all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import _index_cache, errors
+from .._pickle import gc_paused
+from ..dtypes import dtype_of
+from ..errors import CorruptCheckpointError
+from ..formats.dcp_index import DCPIndex, small_ints
+from ..model import Entry
+
+__all__ = [
+    "CACHE_ABOVE",
+    "CHILD_ABOVE",
+    "HEAD_ONLY_ABOVE",
+    "build_in_child",
+    "byte_size",
+    "cache_key",
+    "cache_wanted",
+    "cached_index",
+    "dispose",
+    "entries_from_index",
+    "entries_from_metadata",
+    "head_first",
+    "parse_in_child",
+    "same_entries",
+    "same_metadata",
+    "store_index",
+]
+
+HEAD_ONLY_ABOVE = 4 << 20  # .metadata sizes past which the storage index is parsed lazily
+CACHE_ABOVE = HEAD_ONLY_ABOVE  # .metadata sizes whose index is kept in the user's cache
+CHILD_ABOVE = HEAD_ONLY_ABOVE  # .metadata sizes parsed in a child process (see build_in_child)
+IN_CHILD = False  # set in that child: parse in-process, store nothing
+TIMEOUT = 3600.0  # seconds a child may parse (a 2 GiB .metadata takes minutes)
+_CACHE_KIND = "dcp-metadata"
+_KNOWN = {
+    name: getattr(errors, name)
+    for name in ("CorruptCheckpointError", "UnsafePickleError", "UnsupportedFormatError", "MissingClassError")
+}
+
+
+def cache_wanted(md_path: Path) -> bool:
+    try:
+        return md_path.stat().st_size > CACHE_ABOVE
+    except OSError:
+        return False
+
+
+def same_metadata(head: Any, full: Any) -> bool:
+    """Whether the whole ``.metadata`` describes the same entries (names, kinds, dtypes, shapes,
+    chunks) and nesting as its head did."""
+    a, b = head.state_dict_metadata, getattr(full, "state_dict_metadata", None)
+    if not isinstance(b, dict) or list(a) != list(b) or head.planner_data != getattr(full, "planner_data", None):
+        return False
+    for fqn, x in a.items():
+        y = b[fqn]
+        if type(x) is not type(y):
+            return False
+        if hasattr(x, "chunks") and (
+            x.properties.dtype is not y.properties.dtype
+            or tuple(x.size) != tuple(y.size)
+            or [(tuple(c.offsets), tuple(c.sizes)) for c in x.chunks]
+            != [(tuple(c.offsets), tuple(c.sizes)) for c in y.chunks]
+        ):
+            return False
+    return True
+
+
+def byte_size(index: DCPIndex, fqn: str) -> int:
+    rows = index.chunks(fqn) if index.error(fqn) is None else []
+    return rows[0][2].length if rows and rows[0][2] is not None else 0
+
+
+def entries_from_index(index: DCPIndex) -> dict[str, Entry]:
+    """The entries a cached index lists (``ValueError`` / ``IndexError`` for what it cannot hold)."""
+    dims, starts, kinds = index.dims.tolist(), index.shape_start.tolist(), index.dtype.tolist()
+    dtypes = [dtype_of(name) for name in index.dtype_names]
+    if dims and min(dims) < 0:
+        raise ValueError("bad shape")
+    entries: dict[str, Entry] = {}
+    for k, name in enumerate(index.names):
+        d = kinds[k]
+        if d < 0:
+            entries[name] = Entry(name, "bytes", byte_size=byte_size(index, name))
+        else:
+            entries[name] = Entry(name, "tensor", dtypes[d], tuple(dims[starts[k] : starts[k + 1]]))
+    if len(entries) != len(index.names):
+        raise ValueError("an entry is listed twice")
+    return entries
+
+
+def cached_index(md_path: Path) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    found = _index_cache.load(md_path, _CACHE_KIND)
+    if found is None:
+        return None
+    try:
+        with gc_paused():
+            index = DCPIndex.from_bytes(found[1])
+            entries = entries_from_index(index)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError):
+        return None  # not what this version writes: rebuilt from the pickle
+    return index, entries
+
+
+def entries_from_metadata(md: Any, label: str) -> dict[str, Entry]:
+    """The entries light metadata records list (names, dtypes, shapes), checked."""
+    sdm = getattr(md, "state_dict_metadata", None)
+    if not isinstance(sdm, dict):
+        raise CorruptCheckpointError(f"{label}: does not hold DCP metadata")
+    entries: dict[str, Entry] = {}
+    try:
+        with gc_paused():
+            for fqn, smd in sdm.items():
+                if not isinstance(fqn, str):
+                    raise TypeError(f"entry name {fqn!r} is not a string")
+                if hasattr(smd, "chunks"):
+                    entries[fqn] = Entry(fqn, "tensor", dtype_of(smd.properties.dtype), small_ints(smd.size))
+                else:
+                    entries[fqn] = Entry(fqn, "bytes")
+    except (AttributeError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{label}: damaged metadata entry ({e})") from e
+    return entries
+
+
+def dispose(md: Any) -> None:
+    """Free a large metadata object graph piece by piece, from Python code. Dropped at once, its
+    millions of objects are freed in one C-level pass that holds the GIL for up to a second (a
+    window's GUI thread freezes meanwhile); between these steps other threads get their turns."""
+    fields = getattr(md, "__dict__", {})
+    for name in ("storage_data", "state_dict_metadata", "planner_data"):
+        items = fields.get(name)
+        if isinstance(items, dict):
+            while items:
+                items.popitem()
+
+
+def head_first(size: int, trust: bool) -> bool:
+    """Whether to open a ``.metadata`` of ``size`` bytes from its head, its storage index later."""
+    return size > HEAD_ONLY_ABOVE and not trust and not IN_CHILD
+
+
+def parse_in_child(md_path: Path) -> bool:
+    try:
+        return not IN_CHILD and md_path.stat().st_size > CHILD_ABOVE
+    except OSError:
+        return False
+
+
+def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    """The index (and entries) of the DCP checkpoint at ``path``, parsed by a child process
+    (:mod:`.dcp_index_child`): unpickling a large ``.metadata`` makes millions of Python objects
+    (~1.4 GB at the peak for 100,000 tensors) and spends seconds in C code that holds the GIL, so a
+    window's GUI thread would stutter however the work is sliced; in a child none of it touches the
+    caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
+    message; a child that dies or hangs is reported as damage. None when no child can be started
+    here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
+    cmd = [sys.executable, "-m", f"{__package__}.dcp_index_child", str(path)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata took over {TIMEOUT:.0f} s") from None
+    except OSError:
+        return None
+    if done.returncode == 1 and b"No module named" in done.stderr:
+        return None
+    if done.returncode == 3:
+        try:
+            found = json.loads(done.stderr.decode().strip().splitlines()[-1])
+            cls = _KNOWN[found["error"]]
+            extra = {k: found[k] for k in ("source", "what") if k in found} if cls is errors.UnsafePickleError else {}
+        except (ValueError, KeyError, IndexError, UnicodeDecodeError):
+            pass
+        else:
+            raise cls(found["message"], **extra)
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata failed ({tail[0][-200:]})")
+    try:
+        with gc_paused():
+            index = DCPIndex.from_bytes(done.stdout)
+            return index, entries_from_index(index)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise errors.CorruptCheckpointError(f"{label}: the metadata parser returned a damaged index ({e})") from e
+
+
+def same_entries(found: dict[str, Entry], entries: dict[str, Entry]) -> bool:
+    """Whether ``found`` lists exactly ``entries`` (names in order, kinds, dtypes, shapes)."""
+    return list(found) == list(entries) and all(
+        (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape)
+        for a, b in zip(found.values(), entries.values(), strict=True)
+    )
+
+
+def cache_key(md_path: Path) -> dict[str, Any] | None:
+    return _index_cache.source_key(md_path, _CACHE_KIND)
+
+
+def store_index(md_path: Path, index: DCPIndex, key: dict[str, Any] | None) -> None:
+    """Keep ``index`` for the ``.metadata`` at ``md_path`` -- only if it is still the file ``key``
+    (taken before it was read) names, and large; silently nothing when the cache cannot be written."""
+    if key is not None and cache_wanted(md_path) and not IN_CHILD:
+        _index_cache.store(md_path, _CACHE_KIND, index.to_bytes(), expect=key)
