@@ -163,8 +163,10 @@ def read_box(
     offsets: Sequence[int],
     sizes: Sequence[int],
     label: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``.
+    """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``
+    (into ``out`` when given: a contiguous CPU tensor of the box's size and dtype, reused memory).
 
     The box is a grid of contiguous *runs* (along the trailing dimensions it covers whole), and
     only about their bytes are read, whatever the tensor's size: one read when the box is a single
@@ -176,7 +178,10 @@ def read_box(
     import torch
 
     dt = dtype_of(dtype)
-    out = torch.empty(tuple(sizes), dtype=dt.torch)
+    if out is None:
+        out = torch.empty(tuple(sizes), dtype=dt.torch)
+    elif tuple(out.shape) != tuple(sizes) or out.dtype != dt.torch or not out.is_contiguous():
+        raise ValueError(f"{label}: read_box needs out of shape {tuple(sizes)} and dtype {dt.name}, contiguous")
     if out.numel() == 0:
         return out
     itemsize = dt.itemsize
@@ -198,9 +203,8 @@ def read_box(
             dims[-1] = (dims[-1][0] * sizes[j], strides[j])
         else:
             dims.append((sizes[j], strides[j]))
-    flat = torch.empty(out.numel() * itemsize, dtype=torch.uint8)
-    _read_runs(f, base, dims, run, tensor_buffer(flat), label, _DENSE_FLOOR)
-    return flat.view(dt.torch).view(tuple(sizes))
+    _read_runs(f, base, dims, run, tensor_buffer(out), label, _DENSE_FLOOR)
+    return out
 
 
 def _read_runs(

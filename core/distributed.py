@@ -17,15 +17,17 @@ Pair it with :class:`~dcpstudio.core.planners.SafeLoadPlanner`::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+from collections import Counter, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -46,6 +48,9 @@ from .inspect import Checkpoint, TorchCheckpoint, open_checkpoint
 __all__ = ["CheckpointReader", "TorchSaveReader"]
 
 _OK, _FAILED = 0, 1
+
+_Request = tuple[int, int, Any]  # (rank, index in that rank's plan, (type, fqn, offsets, lengths))
+_Piece = tuple[int, int, torch.Tensor]  # (rank, index in that rank's plan, the item's bytes)
 
 
 def _dist() -> tuple[int, int]:
@@ -82,6 +87,8 @@ class CheckpointReader(StorageReader):
         self.bytes_received = 0
         self.bytes_sent = 0
         self._ckpt: Checkpoint | None = None
+        self._dtypes: dict[str, torch.dtype] = {}
+        self._straight: set[int] = set()  # the coordinator's own items, read straight into their targets
         self._order: list[str] = []
 
     # -- StorageReader interface ------------------------------------------------------------------
@@ -166,67 +173,171 @@ class CheckpointReader(StorageReader):
         storage = {MetadataIndex(fqn): fqn for fqn in sdm}
         return Metadata(state_dict_metadata=sdm, storage_data=storage)
 
-    def _payload(self, fqn: str, item: Any, full: Any) -> torch.Tensor:
-        kind, _, offsets, lengths = item
-        if kind == LoadItemType.BYTE_IO.value:
+    def _fetch(
+        self, fqn: str, requests: list[_Request], slot: torch.Tensor, plan: LoadPlan, planner: LoadPlanner, me: int
+    ) -> list[_Piece]:
+        """Read one entry for every rank; the other ranks' regions as bytes to send.
+
+        Each distinct region is read once, by range (about its own bytes, not the whole tensor,
+        when the format stores it in place), into ``slot``; the coordinator's own regions go
+        straight into its target when they can. A non-tensor value is serialised once for all.
+        """
+        ckpt = self._ckpt
+        assert ckpt is not None
+        if ckpt.entries[fqn].kind != "tensor":
             buf = io.BytesIO()
-            torch.save(full, buf)
-            return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-        region = narrow_tensor_by_index(full, offsets, lengths).contiguous()
-        return region.reshape(-1).view(torch.uint8) if region.numel() else torch.empty(0, dtype=torch.uint8)
+            torch.save(ckpt.read_value(fqn), buf)
+            raw = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+            for r, k, _ in requests:
+                if r == me:
+                    self._apply(plan.items[k], raw, planner)
+            return [(r, k, raw) for r, k, _ in requests if r != me]
+        dtype = self._dtypes[fqn]
+        regions: dict[tuple[Any, Any], torch.Tensor] = {}
+        out, at = [], 0
+        for r, k, (_, _, offsets, lengths) in requests:
+            box = [slice(o, o + n) for o, n in zip(offsets, lengths, strict=True)]
+            if r == me and k in self._straight:
+                target = planner.resolve_tensor(plan.items[k]).detach()
+                ckpt.read_into(fqn, box, target)
+                planner.commit_tensor(plan.items[k], target)
+                continue
+            region = regions.get((offsets, lengths))
+            if region is None:
+                n = _nbytes(lengths, dtype)
+                region = regions[offsets, lengths] = slot[at : at + n].view(dtype).view(lengths)
+                ckpt.read_into(fqn, box, region)
+                at += _aligned(n)
+            payload = region.reshape(-1).view(torch.uint8)
+            if r == me:
+                self._apply(plan.items[k], payload, planner)
+            else:
+                out.append((r, k, payload))
+        return out
 
     def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
+        """Read entry ``i + 1`` on a worker thread while entry ``i`` is sent to every rank at once
+        (``isend``). Entries alternate between two reused buffers, each as large as the most any
+        one entry needs; the sends of ``i - 1`` are waited for before ``i + 1`` is read into its
+        buffer. So the coordinator holds at most two entries' regions, whatever the checkpoint."""
         if self._ckpt is None:  # read_metadata ran on another instance or reset() was called
             self._build_metadata()
         ckpt = self._ckpt
         assert ckpt is not None
-        by_fqn: dict[str, list[tuple[int, int, Any]]] = {}
+        self._dtypes = {f: e.dtype.torch for f, e in ckpt.entries.items() if e.kind == "tensor" and e.dtype}
+        by_fqn: dict[str, list[_Request]] = {}
         for r, items in enumerate(plans):
             for k, item in enumerate(items):
                 by_fqn.setdefault(item[1], []).append((r, k, item))
-        pending = {r: len(items) for r, items in enumerate(plans)}
+        order = [fqn for fqn in self._order if fqn in by_fqn]
+        self._straight = {k for k, item in enumerate(plan.items) if _target_bytes(item, planner, "cpu") is not None}
+        pending: dict[int, deque[int]] = {r: deque() for r in range(len(plans)) if r != me}
+        most = 0
+        for fqn in order:
+            for r, n in Counter(r for r, _, _ in by_fqn[fqn] if r != me).items():
+                pending[r].append(n)
+            if fqn in self._dtypes:
+                boxes = {(i[2], i[3]) for r, k, i in by_fqn[fqn] if r != me or k not in self._straight}
+                most = max(most, sum(_aligned(_nbytes(b[1], self._dtypes[fqn])) for b in boxes))
+        slots = [torch.empty(most, dtype=torch.uint8), torch.empty(most, dtype=torch.uint8)]
         device = _device()
-        try:
-            for fqn in self._order:
-                requests = by_fqn.get(fqn)
-                if not requests:
-                    continue
-                full = ckpt.read_value(fqn)  # one tensor in memory at a time
-                for r, k, item in requests:
-                    payload = self._payload(fqn, item, full)
-                    if r == me:
-                        self._apply(plan.items[k], payload, planner)
-                    else:
-                        dist.send(torch.tensor([_OK, payload.numel()], dtype=torch.int64, device=device), dst=r)
-                        dist.send(payload.to(device), dst=r)
-                        self.bytes_sent += payload.numel()
-                    pending[r] -= 1
-                    del payload
-                del full  # before the next tensor is read: one whole tensor in memory at a time
-        except Exception as e:
-            note = f"{type(e).__name__}\n{e}".encode()[:4000]
-            for r, left in pending.items():
-                if r != me and left > 0:
-                    dist.send(torch.tensor([_FAILED, len(note)], dtype=torch.int64, device=device), dst=r)
-                    dist.send(torch.frombuffer(bytearray(note), dtype=torch.uint8).to(device), dst=r)
-            raise
+        sending: list[Any] = []
+
+        def fetch(i: int) -> Any:
+            if i >= len(order):
+                return None
+            return pool.submit(self._fetch, order[i], by_fqn[order[i]], slots[i % 2], plan, planner, me)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-read") as pool:
+            ahead = fetch(0)
+            try:
+                for i in range(len(order)):
+                    pieces = ahead.result()
+                    _wait(sending)
+                    ahead = fetch(i + 1)
+                    sending = self._post(pieces, me, device, pending)
+                    del pieces
+                _wait(sending)
+            except Exception as e:
+                if ahead is not None:
+                    ahead.cancel()
+                self._fail(e, sending, pending, device)
+                raise
+
+    def _post(self, pieces: list[_Piece], me: int, device: torch.device, pending: dict[int, deque[int]]) -> list[Any]:
+        """One header (status and each item's size) then each payload, to every other rank at once."""
+        by_rank: dict[int, list[torch.Tensor]] = {}
+        for r, _, payload in pieces:
+            if r != me:
+                by_rank.setdefault(r, []).append(payload)
+        works: list[Any] = []
+        for r, payloads in by_rank.items():
+            pending[r].popleft()
+            header = torch.tensor([_OK, *(p.numel() for p in payloads)], dtype=torch.int64, device=device)
+            works.append((dist.isend(header, dst=r), header))
+            for p in payloads:
+                if p.numel():
+                    p = p.to(device)
+                    works.append((dist.isend(p, dst=r), p))
+                    self.bytes_sent += p.numel()
+        return works
+
+    def _fail(self, e: Exception, sending: list[Any], pending: dict[int, deque[int]], device: torch.device) -> None:
+        """Tell every rank that still waits for an entry why it will not come; each is then waiting
+        for a header (the sends already posted are completed first), so the note lands there."""
+        with contextlib.suppress(Exception):  # a broken connection: that rank failed too, and its launcher knows
+            _wait(sending)
+        note = f"{type(e).__name__}\n{e}".encode()[:4000]
+        for r, left in pending.items():
+            if left:
+                header = torch.zeros(1 + left[0], dtype=torch.int64, device=device)
+                header[0], header[1] = _FAILED, len(note)
+                dist.send(header, dst=r)
+                dist.send(torch.frombuffer(bytearray(note), dtype=torch.uint8).to(device), dst=r)
 
     # -- other ranks ------------------------------------------------------------------------------
     def _receive(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        position = {fqn: i for i, fqn in enumerate(self._order)}
-        order = sorted(range(len(plan.items)), key=lambda k: (position.get(plan.items[k].storage_index.fqn, -1), k))
+        """Entry by entry in the coordinator's order: a header, then every item received at once --
+        straight into the target when its region is one contiguous run of the same dtype, else into
+        a scratch buffer reused from entry to entry and copied over."""
+        groups: dict[str, list[int]] = {fqn: [] for fqn in self._order}
+        for k, item in enumerate(plan.items):
+            groups.setdefault(item.storage_index.fqn, []).append(k)
         device = _device()
-        for k in order:
-            header = torch.empty(2, dtype=torch.int64, device=device)
-            dist.recv(header, src=self.coordinator_rank)
-            status, nbytes = (int(x) for x in header.tolist())
-            payload = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            dist.recv(payload, src=self.coordinator_rank)
+        scratch = torch.empty(0, dtype=torch.uint8, device=device)
+        src = self.coordinator_rank
+        for ks in groups.values():
+            if not ks:
+                continue
+            header = torch.empty(1 + len(ks), dtype=torch.int64, device=device)
+            dist.recv(header, src=src)
+            status, *sizes = (int(x) for x in header.tolist())
             if status != _OK:
-                kind, _, message = bytes(payload.cpu().tolist()).decode(errors="replace").partition("\n")
+                note = torch.empty(sizes[0], dtype=torch.uint8, device=device)
+                dist.recv(note, src=src)
+                kind, _, message = bytes(note.cpu().tolist()).decode(errors="replace").partition("\n")
                 raise _rebuild_error(kind, f"coordinator failed: {message}")
-            self.bytes_received += nbytes
-            self._apply(plan.items[k], payload.cpu(), planner)
+            direct = [_target_bytes(plan.items[k], planner, device.type, n) for k, n in zip(ks, sizes, strict=True)]
+            need = sum(n for n, d in zip(sizes, direct, strict=True) if d is None)
+            if need > scratch.numel():
+                scratch = torch.empty(need, dtype=torch.uint8, device=device)
+            works, copies, at = [], [], 0
+            for k, n, d in zip(ks, sizes, direct, strict=True):
+                if d is None:
+                    buf = scratch[at : at + n]
+                    copies.append((k, buf))
+                    at += n
+                else:
+                    buf = d[1]
+                if n:
+                    works.append(dist.irecv(buf, src=src))
+            _wait(works)
+            self.bytes_received += sum(sizes)
+            for k, buf in copies:
+                self._apply(plan.items[k], buf.cpu(), planner)
+            for k, d in zip(ks, direct, strict=True):
+                if d is not None:
+                    planner.commit_tensor(plan.items[k], d[0])
 
     @staticmethod
     def _apply(item: ReadItem, payload: torch.Tensor, planner: LoadPlanner) -> None:
@@ -237,6 +348,41 @@ class CheckpointReader(StorageReader):
         source = payload.view(_dtype_of(planner, item)).reshape(tuple(item.lengths))
         target.copy_(source)
         planner.commit_tensor(item, target)
+
+
+def _target_bytes(
+    item: ReadItem, planner: LoadPlanner, device: str, nbytes: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An item's target region and a byte view of it, when its bytes can land there as they are
+    stored: a tensor of the stored dtype, on ``device``, one contiguous run (of ``nbytes``)."""
+    if item.type != LoadItemType.TENSOR:
+        return None
+    target = planner.resolve_tensor(item).detach()
+    if (
+        target.dtype != _dtype_of(planner, item)
+        or target.device.type != device
+        or not target.is_contiguous()
+        or (nbytes is not None and target.numel() * target.element_size() != nbytes)
+    ):
+        return None
+    return target, target.reshape(-1).view(torch.uint8)
+
+
+def _nbytes(lengths: Sequence[int], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for s in lengths:
+        n *= s
+    return n
+
+
+def _aligned(n: int) -> int:
+    """Regions start 64-byte aligned in a buffer, so each can be viewed as any dtype."""
+    return (n + 63) // 64 * 64
+
+
+def _wait(works: list[Any]) -> None:
+    for w in works:
+        (w[0] if isinstance(w, tuple) else w).wait()
 
 
 def _dtype_of(planner: LoadPlanner, item: ReadItem) -> torch.dtype:

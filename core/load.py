@@ -10,6 +10,8 @@ region read directly from the source.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +43,7 @@ class RankReport:
     peak_rss: int
     checked: int
     mismatches: list[str] = field(default_factory=list)
+    startup: float = 0.0  # seconds before the load could begin: start, imports, process group (see load_rank)
 
     @property
     def ok(self) -> bool:
@@ -104,6 +107,16 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _steady_malloc() -> None:
+    """Keep large blocks mmapped, so a rank's memory stays its shards plus the buffers in use.
+
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB); from then on
+    blocks of a tensor's size come from the heap, and a rank that reads or receives tensor after
+    tensor fragments it by tens of MiB. Setting the threshold (``M_MMAP_THRESHOLD``) fixes it."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)
+
+
 def load_rank(
     rank: int,
     world: int,
@@ -113,7 +126,12 @@ def load_rank(
     mesh_shape: Sequence[int],
     trust_pickle: bool = False,
 ) -> RankReport:
-    """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source."""
+    """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source.
+
+    The report's ``startup`` is the time from :func:`~dcpstudio.core.launch.launch` until this rank
+    had joined the process group, plus the imports below (none when the fork server preloaded
+    them); under ``torchrun``, the imports only."""
+    entered = time.perf_counter()
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -123,8 +141,11 @@ def load_rank(
 
     from .distributed import TorchSaveReader, _rebuild_error
     from .formats.dcp_storage import DCPReader, unwrap_error
+    from .launch import startup_seconds
     from .planners import SafeLoadPlanner
 
+    startup = (startup_seconds() or 0.0) + time.perf_counter() - entered
+    _steady_malloc()
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, tuple(mesh_shape))
     box: list[Any] = [None]
@@ -180,6 +201,7 @@ def load_rank(
         peak_rss=_peak_rss(),
         checked=len(target),
         mismatches=mismatches,
+        startup=startup,
     )
 
 

@@ -152,6 +152,16 @@ class TorchCheckpoint(Checkpoint):
         file.release()
         return full.clone(memory_format=torch.contiguous_format)
 
+    def read_into(self, fqn: str, region: Region | None, out: torch.Tensor) -> None:
+        ref = self.tensor_ref(fqn)
+        file = self._file_of[fqn]
+        where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
+        if where is None or not ref.is_contiguous():
+            super().read_into(fqn, region, out)
+            return
+        offsets, sizes = _box(self.tensor_entry(fqn), region)
+        read_box(file.file, where.offset + ref.byte_offset, ref.shape, ref.dtype, offsets, sizes, file.label, out)
+
     def read_object(self, fqn: str) -> Any:
         return self._values[self.entry(fqn).fqn]
 
