@@ -42,6 +42,7 @@ from torch.futures import Future
 
 from . import errors
 from ._io import tensor_buffer
+from ._regions import Box, RegionReader, aligned, nbytes
 from .errors import DCPStudioError
 from .inspect import Checkpoint, TorchCheckpoint, open_checkpoint
 
@@ -174,7 +175,14 @@ class CheckpointReader(StorageReader):
         return Metadata(state_dict_metadata=sdm, storage_data=storage)
 
     def _fetch(
-        self, fqn: str, requests: list[_Request], slot: torch.Tensor, plan: LoadPlan, planner: LoadPlanner, me: int
+        self,
+        fqn: str,
+        requests: list[_Request],
+        slot: torch.Tensor,
+        reader: RegionReader,
+        plan: LoadPlan,
+        planner: LoadPlanner,
+        me: int,
     ) -> list[_Piece]:
         """Read one entry for every rank; the other ranks' regions as bytes to send.
 
@@ -193,26 +201,30 @@ class CheckpointReader(StorageReader):
                     self._apply(plan.items[k], raw, planner)
             return [(r, k, raw) for r, k, _ in requests if r != me]
         dtype = self._dtypes[fqn]
+        boxes: list[Box] = []
         regions: dict[tuple[Any, Any], torch.Tensor] = {}
-        out, at = [], 0
+        straight: list[tuple[int, torch.Tensor]] = []
+        mine: list[_Piece] = []
+        out: list[_Piece] = []
+        at = 0
         for r, k, (_, _, offsets, lengths) in requests:
-            box = [slice(o, o + n) for o, n in zip(offsets, lengths, strict=True)]
             if r == me and k in self._straight:
                 target = planner.resolve_tensor(plan.items[k]).detach()
-                ckpt.read_into(fqn, box, target)
-                planner.commit_tensor(plan.items[k], target)
+                boxes.append((offsets, lengths, target.view(tuple(lengths))))
+                straight.append((k, target))
                 continue
             region = regions.get((offsets, lengths))
             if region is None:
-                n = _nbytes(lengths, dtype)
+                n = nbytes(lengths, dtype)
                 region = regions[offsets, lengths] = slot[at : at + n].view(dtype).view(lengths)
-                ckpt.read_into(fqn, box, region)
-                at += _aligned(n)
-            payload = region.reshape(-1).view(torch.uint8)
-            if r == me:
-                self._apply(plan.items[k], payload, planner)
-            else:
-                out.append((r, k, payload))
+                boxes.append((offsets, lengths, region))
+                at += aligned(n)
+            (mine if r == me else out).append((r, k, region.reshape(-1).view(torch.uint8)))
+        reader.read(fqn, boxes)
+        for k, target in straight:
+            planner.commit_tensor(plan.items[k], target)
+        for _, k, payload in mine:
+            self._apply(plan.items[k], payload, planner)
         return out
 
     def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
@@ -238,15 +250,16 @@ class CheckpointReader(StorageReader):
                 pending[r].append(n)
             if fqn in self._dtypes:
                 boxes = {(i[2], i[3]) for r, k, i in by_fqn[fqn] if r != me or k not in self._straight}
-                most = max(most, sum(_aligned(_nbytes(b[1], self._dtypes[fqn])) for b in boxes))
+                most = max(most, sum(aligned(nbytes(b[1], self._dtypes[fqn])) for b in boxes))
         slots = [torch.empty(most, dtype=torch.uint8), torch.empty(most, dtype=torch.uint8)]
         device = _device()
         sending: list[Any] = []
+        reader = RegionReader(ckpt)
 
         def fetch(i: int) -> Any:
             if i >= len(order):
                 return None
-            return pool.submit(self._fetch, order[i], by_fqn[order[i]], slots[i % 2], plan, planner, me)
+            return pool.submit(self._fetch, order[i], by_fqn[order[i]], slots[i % 2], reader, plan, planner, me)
 
         with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-read") as pool:
             ahead = fetch(0)
@@ -366,18 +379,6 @@ def _target_bytes(
     ):
         return None
     return target, target.reshape(-1).view(torch.uint8)
-
-
-def _nbytes(lengths: Sequence[int], dtype: torch.dtype) -> int:
-    n = dtype.itemsize
-    for s in lengths:
-        n *= s
-    return n
-
-
-def _aligned(n: int) -> int:
-    """Regions start 64-byte aligned in a buffer, so each can be viewed as any dtype."""
-    return (n + 63) // 64 * 64
 
 
 def _wait(works: list[Any]) -> None:

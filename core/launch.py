@@ -86,6 +86,8 @@ def _entry(
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
+    if "OMP_NUM_THREADS" not in env:  # like torchrun: ranks that share the cores do not each take all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)

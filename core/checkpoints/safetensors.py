@@ -95,6 +95,9 @@ class SafetensorsCheckpoint(Checkpoint):
             _place(out, at, read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file)))
         return out
 
+    def reads_in_place(self, fqn: str) -> bool:
+        return self.entry(fqn).kind == "tensor"
+
     def read_into(self, fqn: str, region: Region | None, out: torch.Tensor) -> None:
         parts = self._local(fqn)
         if len(parts) != 1:
