@@ -30,7 +30,14 @@ from .progress import CancelToken
 
 __all__ = ["LaunchError", "RankProgress", "free_port", "launch", "startup_seconds"]
 
-_PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint")
+_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "dcpstudio.core.distributed",
+    "dcpstudio.core.formats.dcp_storage",
+    "dcpstudio.core.planners",
+)
 _startup: float | None = None
 
 

@@ -125,6 +125,7 @@ def load_rank(
     layout: str,
     mesh_shape: Sequence[int],
     trust_pickle: bool = False,
+    local_reads: bool = True,
 ) -> RankReport:
     """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source.
 
@@ -139,7 +140,8 @@ def load_rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from .distributed import TorchSaveReader, _rebuild_error
+    from ._transfer import rebuild_error
+    from .distributed import TorchSaveReader
     from .formats.dcp_storage import DCPReader, unwrap_error
     from .launch import startup_seconds
     from .planners import SafeLoadPlanner
@@ -160,12 +162,14 @@ def load_rank(
             box[0] = ("error", type(e).__name__, str(e))
     dist.broadcast_object_list(box, src=0)
     if box[0][0] == "error":
-        raise _rebuild_error(box[0][1], box[0][2])
+        raise rebuild_error(box[0][1], box[0][2])
     report("planned", 0.1)
     target = build_target(box[0][1], layout, mesh)
     is_dcp = detect_format(path) == "dcp"
     reader: Any = (
-        DCPReader(path, trust_pickle=trust_pickle) if is_dcp else TorchSaveReader(path, trust_pickle=trust_pickle)
+        DCPReader(path, trust_pickle=trust_pickle)
+        if is_dcp
+        else TorchSaveReader(path, trust_pickle=trust_pickle, local_reads=local_reads)
     )
     t0 = time.perf_counter()
     try:
@@ -215,8 +219,12 @@ def run_load(
     trust_pickle: bool = False,
     on_progress: Any = None,
     cancel: Any = None,
+    local_reads: bool = True,
 ) -> list[RankReport]:
-    """Spawn ``ranks`` local ranks and load ``path`` into ``layout``; per-rank reports."""
+    """Start ``ranks`` local ranks and load ``path`` into ``layout``; per-rank reports.
+
+    ``local_reads=False`` makes every rank get its bytes from the coordinator instead of reading
+    the file itself (see :class:`~dcpstudio.core.distributed.CheckpointReader`)."""
     from .launch import launch
 
     shape = parse_mesh(mesh, ranks)
@@ -225,7 +233,7 @@ def run_load(
     detect_format(path)
     return launch(
         load_rank,
-        (str(path), layout, shape, trust_pickle),
+        (str(path), layout, shape, trust_pickle, local_reads),
         nprocs=ranks,
         timeout=timeout,
         on_progress=on_progress,

@@ -158,7 +158,7 @@ def mixed_state_dict(n: int = 48) -> dict[str, Any]:
     return sd
 
 
-def load_mixed(rank: int, world: int, report: Any, path: str) -> dict[str, Any]:
+def load_mixed(rank: int, world: int, report: Any, path: str, local_reads: bool) -> dict[str, Any]:
     """Load ``path`` through CheckpointReader into shard1 DTensors (regions strided in the file),
     except every third tensor, which goes into a full float64 plain tensor (a dtype cast on copy);
     return the entries that differ from the source."""
@@ -180,7 +180,7 @@ def load_mixed(rank: int, world: int, report: Any, path: str) -> dict[str, Any]:
         if i % 3 == 0:
             target[fqn] = torch.full(source[fqn].shape, -1.0, dtype=torch.float64)
     target.update({f: None for f in source if f not in structure})
-    reader = CheckpointReader(path)
+    reader = CheckpointReader(path, local_reads=local_reads)
     dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
     wrong = []
     for fqn, want in source.items():
@@ -208,7 +208,7 @@ def coordinator_fails_midway(rank: int, world: int, report: Any, path: str, at: 
 
     source = torch.load(path, weights_only=True)
     target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}
-    reader = CheckpointReader(path)
+    reader = CheckpointReader(path, local_reads=False)
     real = reader._fetch
     seen: list[str] = []
 

@@ -1,6 +1,7 @@
 """The coordinator reads ahead and sends to every rank at once, receivers land bytes straight in
-their targets: many entries of mixed dtypes, uneven and empty shards, casts and non-tensor values
-on 3 ranks still load exactly, and a failure mid-stream reaches every rank."""
+their targets (or read their own regions, when they see the same file): many entries of mixed
+dtypes, uneven and empty shards, casts and non-tensor values on 3 ranks still load exactly, and a
+failure mid-stream reaches every rank."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_many_mixed_entries_load_exactly_on_three_ranks(mixed: Path) -> None:
-    results = launch(_ranks.load_mixed, (str(mixed),), nprocs=3, timeout=180)
+@pytest.mark.parametrize("local_reads", [False, True])
+def test_many_mixed_entries_load_exactly_on_three_ranks(mixed: Path, local_reads: bool) -> None:
+    results = launch(_ranks.load_mixed, (str(mixed), local_reads), nprocs=3, timeout=180)
     assert [r["wrong"] for r in results] == [[], [], []]
-    assert results[0]["sent"] == sum(r["received"] for r in results[1:]) > 0
+    received = sum(r["received"] for r in results[1:])
+    assert results[0]["sent"] == received and (received == 0) == local_reads  # local ranks read for themselves
 
 
 @pytest.mark.parametrize("at", [0, 7])
