@@ -264,6 +264,11 @@ class CheckpointReader(StorageReader):
         sending: list[Any] = []
         reader = RegionReader(ckpt)
 
+        if not any(pending.values()):  # nothing to send: no thread to hand entries over
+            for i, fqn in enumerate(order):
+                self._fetch(fqn, by_fqn[fqn], slots[i % 2], reader, plan, planner, me)
+            return
+
         def fetch(i: int) -> Any:
             if i >= len(order):
                 return None

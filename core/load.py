@@ -171,6 +171,7 @@ def load_rank(
         if is_dcp
         else TorchSaveReader(path, trust_pickle=trust_pickle, local_reads=local_reads)
     )
+    dist.barrier()  # the load time is the load's, not the wait for the slowest rank's target
     t0 = time.perf_counter()
     try:
         dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
