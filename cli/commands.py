@@ -139,11 +139,15 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
     if as_json:
         print(json.dumps([{**asdict(r), "ok": r.ok} for r in reports]))
     else:
-        print(f"{'rank':>4} {'load time':>10} {'received':>11} {'sent':>11} {'local':>11} {'peak RSS':>10}  check")
+        print(
+            f"{'rank':>4} {'load time':>10} {'start-up':>9} {'received':>11} {'sent':>11} {'local':>11} "
+            f"{'peak RSS':>10}  check"
+        )
         for r in reports:
             check = f"ok ({r.checked} entries)" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
             print(
-                f"{r.rank:>4} {r.seconds:>9.2f}s {human_bytes(r.bytes_received):>11} {human_bytes(r.bytes_sent):>11} "
+                f"{r.rank:>4} {r.seconds:>9.2f}s {r.startup:>8.2f}s {human_bytes(r.bytes_received):>11} "
+                f"{human_bytes(r.bytes_sent):>11} "
                 f"{human_bytes(r.local_bytes):>11} {human_bytes(r.peak_rss):>10}  {check}"
             )
     return EXIT_OK if all(r.ok for r in reports) else EXIT_ERROR

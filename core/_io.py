@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import io
-import math
 import os
 import zlib
 from collections.abc import Sequence
@@ -165,8 +164,10 @@ def read_box(
     offsets: Sequence[int],
     sizes: Sequence[int],
     label: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``.
+    """Read the box ``offsets + sizes`` of a row-major tensor stored at ``data_offset`` of ``f``
+    (into ``out`` when given: a contiguous CPU tensor of the box's size and dtype, reused memory).
 
     The box is a grid of contiguous *runs* (along the trailing dimensions it covers whole), and
     only about their bytes are read, whatever the tensor's size: one read when the box is a single
@@ -175,16 +176,16 @@ def read_box(
     bytes apart are read together, in bands of at most 4 MiB. So a 64 x 32 window reads at most
     about its own bytes plus 512 per run, and memory stays proportional to the box (plus a band).
     """
-    import torch
-
     dt = dtype_of(dtype)
-    count = math.prod(sizes)
-    if count == 0:
-        return torch.empty(tuple(sizes), dtype=dt.torch)
+    if out is None:
+        out = new_tensor(sizes, dt.torch)  # from the active buffer pool, if any
+    elif tuple(out.shape) != tuple(sizes) or out.dtype != dt.torch or not out.is_contiguous():
+        raise ValueError(f"{label}: read_box needs out of shape {tuple(sizes)} and dtype {dt.name}, contiguous")
+    if out.numel() == 0:
+        return out
     itemsize = dt.itemsize
     span = contiguous_span(shape, offsets, sizes)
     if span is not None:
-        out = new_tensor(sizes, dt.torch)
         read_exact(f, data_offset + span[0] * itemsize, tensor_buffer(out), label)
         return out
     strides = [itemsize] * len(shape)  # in bytes
@@ -201,9 +202,8 @@ def read_box(
             dims[-1] = (dims[-1][0] * sizes[j], strides[j])
         else:
             dims.append((sizes[j], strides[j]))
-    flat = new_tensor([count * itemsize], torch.uint8)
-    _read_runs(f, base, dims, run, tensor_buffer(flat), label, _DENSE_FLOOR)
-    return flat.view(dt.torch).view(tuple(sizes))
+    _read_runs(f, base, dims, run, tensor_buffer(out), label, _DENSE_FLOOR)
+    return out
 
 
 def _read_runs(

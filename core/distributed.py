@@ -5,10 +5,12 @@ safetensors (one file or sharded) -- straight into a multi-rank, sharded job wit
 ``BroadcastingTorchSaveReader``: the coordinator reads the checkpoint's structure safely (no tensor
 data, no code from pickles), builds *global* metadata -- one whole chunk per tensor -- and
 broadcasts it, so every rank plans its own shards against the same truth (DTensor targets on any
-mesh, uneven splits, replicas, non-tensor values). In ``read_data`` the coordinator learns every
-rank's read items, reads one tensor at a time (by range, from any format) and sends each rank only
-the bytes of its own regions, point to point. A failure on the coordinator is sent to every rank
-that still waits, so no rank is left blocked.
+mesh, uneven splits, replicas, non-tensor values). In ``read_data``, ranks that see the same files
+read their own regions; for the others the coordinator streams: a worker thread reads entry
+``i + 1`` -- each distinct region once, by range (:mod:`._regions`) -- into one of two reused
+buffers while entry ``i`` goes to every rank at once (:mod:`._transfer`), so it holds at most two
+entries' regions. A failure on the coordinator is sent to every rank that still waits, so no rank
+is left blocked.
 
 Pair it with :class:`~dcpstudio.core.planners.SafeLoadPlanner`::
 
@@ -19,13 +21,15 @@ from __future__ import annotations
 
 import io
 import os
+import socket
+from collections import Counter, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -34,18 +38,19 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from . import errors
-from ._io import tensor_buffer
+from ._regions import Box, RegionReader, aligned, nbytes
+from ._transfer import Piece, apply, device, fail, post, rebuild_error, receive, target_bytes, wait
 from .errors import DCPStudioError
 from .inspect import Checkpoint, TorchCheckpoint, open_checkpoint
 
 __all__ = ["CheckpointReader", "TorchSaveReader"]
 
-_OK, _FAILED = 0, 1
+_Request = tuple[int, int, Any]  # (rank, index in that rank's plan, (type, fqn, offsets, lengths))
 
 
 def _dist() -> tuple[int, int]:
@@ -54,19 +59,16 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
-def _device() -> torch.device:
-    backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-
-
-def _rebuild_error(kind: str, message: str) -> Exception:
-    cls = getattr(errors, kind, None)
-    return cls(message) if isinstance(cls, type) and issubclass(cls, Exception) else DCPStudioError(message)
-
-
 class CheckpointReader(StorageReader):
     """A ``StorageReader`` for a torch.save or safetensors checkpoint, loaded into any sharding on
-    any world size."""
+    any world size.
+
+    With ``local_reads`` (the default), a rank that sees the very files the coordinator reads --
+    same host, device, inode, size and modification time -- opens the checkpoint itself (safely,
+    as the coordinator does) and reads its own regions, like the ranks of torch's
+    ``FileSystemReader``; the others get their bytes from the coordinator. ``local_reads=False``
+    streams every byte from the coordinator.
+    """
 
     def __init__(
         self,
@@ -74,14 +76,18 @@ class CheckpointReader(StorageReader):
         *,
         coordinator_rank: int = 0,
         trust_pickle: bool = False,
+        local_reads: bool = True,
     ) -> None:
         super().__init__()
+        self.local_reads = local_reads
         self.path = Path(checkpoint_id) if checkpoint_id is not None else None
         self.coordinator_rank = coordinator_rank
         self.trust_pickle = trust_pickle
         self.bytes_received = 0
         self.bytes_sent = 0
         self._ckpt: Checkpoint | None = None
+        self._dtypes: dict[str, torch.dtype] = {}
+        self._straight: set[int] = set()  # the coordinator's own items, read straight into their targets
         self._order: list[str] = []
 
     # -- StorageReader interface ------------------------------------------------------------------
@@ -106,7 +112,7 @@ class CheckpointReader(StorageReader):
         if world > 1:
             dist.broadcast_object_list(box, src=self.coordinator_rank)
         if box[0][0] == "error":
-            raise _rebuild_error(box[0][1], box[0][2])
+            raise rebuild_error(box[0][1], box[0][2])
         md: Metadata = box[0][1]
         return md
 
@@ -128,13 +134,19 @@ class CheckpointReader(StorageReader):
             if world == 1:
                 self._serve([wanted], plan, planner, rank)
             else:
+                idents: list[Any] = [None] * world
+                dist.all_gather_object(idents, _identity(self.path) if self.local_reads else None)
+                local = rank != self.coordinator_rank and idents[rank] is not None
+                local = local and idents[rank] == idents[self.coordinator_rank]
                 gathered: list[Any] | None = [None] * world if rank == self.coordinator_rank else None
-                dist.gather_object(wanted, gathered, dst=self.coordinator_rank)
+                dist.gather_object([] if local else wanted, gathered, dst=self.coordinator_rank)
                 if rank == self.coordinator_rank:
                     assert gathered is not None
                     self._serve(gathered, plan, planner, rank)
+                elif local:
+                    self._serve([wanted], plan, planner, 0)
                 else:
-                    self._receive(plan, planner)
+                    self.bytes_received += receive(plan, planner, self._order, self.coordinator_rank)
         finally:
             if self._ckpt is not None:
                 self._ckpt.close()
@@ -144,7 +156,7 @@ class CheckpointReader(StorageReader):
         return fut
 
     # -- coordinator ------------------------------------------------------------------------------
-    def _build_metadata(self) -> Metadata:
+    def _open(self) -> Checkpoint:
         if self.path is None:
             raise DCPStudioError("CheckpointReader needs a checkpoint_id (the torch.save or safetensors checkpoint)")
         ckpt = self._ckpt = open_checkpoint(self.path, trust_pickle=self.trust_pickle)
@@ -152,6 +164,10 @@ class CheckpointReader(StorageReader):
             raise errors.UnsupportedFormatError(f"{self.path}: a DCP checkpoint; load it with DCPReader")
         if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
             raise errors.UnsupportedFormatError(f"{self.path}: holds a {type(ckpt.obj).__name__}, not a state dict")
+        return ckpt
+
+    def _build_metadata(self) -> Metadata:
+        ckpt = self._open()
         sdm: dict[str, Any] = {}
         for fqn, entry in ckpt.entries.items():
             if entry.kind == "tensor":
@@ -166,85 +182,127 @@ class CheckpointReader(StorageReader):
         storage = {MetadataIndex(fqn): fqn for fqn in sdm}
         return Metadata(state_dict_metadata=sdm, storage_data=storage)
 
-    def _payload(self, fqn: str, item: Any, full: Any) -> torch.Tensor:
-        kind, _, offsets, lengths = item
-        if kind == LoadItemType.BYTE_IO.value:
-            buf = io.BytesIO()
-            torch.save(full, buf)
-            return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-        region = narrow_tensor_by_index(full, offsets, lengths).contiguous()
-        return region.reshape(-1).view(torch.uint8) if region.numel() else torch.empty(0, dtype=torch.uint8)
+    def _fetch(
+        self,
+        fqn: str,
+        requests: list[_Request],
+        slot: torch.Tensor,
+        reader: RegionReader,
+        plan: LoadPlan,
+        planner: LoadPlanner,
+        me: int,
+    ) -> list[Piece]:
+        """Read one entry for every rank; the other ranks' regions as bytes to send.
 
-    def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
-        if self._ckpt is None:  # read_metadata ran on another instance or reset() was called
-            self._build_metadata()
+        Each distinct region is read once, by range (about its own bytes, not the whole tensor,
+        when the format stores it in place), into ``slot``; the coordinator's own regions go
+        straight into its target when they can. A non-tensor value is serialised once for all.
+        """
         ckpt = self._ckpt
         assert ckpt is not None
-        by_fqn: dict[str, list[tuple[int, int, Any]]] = {}
+        if ckpt.entries[fqn].kind != "tensor":
+            buf = io.BytesIO()
+            torch.save(ckpt.read_value(fqn), buf)
+            raw = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+            for r, k, _ in requests:
+                if r == me:
+                    apply(plan.items[k], raw, planner)
+            return [(r, k, raw) for r, k, _ in requests if r != me]
+        dtype = self._dtypes[fqn]
+        boxes: list[Box] = []
+        regions: dict[tuple[Any, Any], torch.Tensor] = {}
+        straight: list[tuple[int, torch.Tensor]] = []
+        mine: list[Piece] = []
+        out: list[Piece] = []
+        at = 0
+        for r, k, (_, _, offsets, lengths) in requests:
+            if r == me and k in self._straight:
+                target = planner.resolve_tensor(plan.items[k]).detach()
+                boxes.append((offsets, lengths, target.view(tuple(lengths))))
+                straight.append((k, target))
+                continue
+            region = regions.get((offsets, lengths))
+            if region is None:
+                n = nbytes(lengths, dtype)
+                region = regions[offsets, lengths] = slot[at : at + n].view(dtype).view(lengths)
+                boxes.append((offsets, lengths, region))
+                at += aligned(n)
+            (mine if r == me else out).append((r, k, region.reshape(-1).view(torch.uint8)))
+        reader.read(fqn, boxes)
+        for k, target in straight:
+            planner.commit_tensor(plan.items[k], target)
+        for _, k, payload in mine:
+            apply(plan.items[k], payload, planner)
+        return out
+
+    def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
+        """Read entry ``i + 1`` on a worker thread while entry ``i`` is sent to every rank at once
+        (``isend``). Entries alternate between two reused buffers, each as large as the most any
+        one entry needs; the sends of ``i - 1`` are waited for before ``i + 1`` is read into its
+        buffer. So the coordinator holds at most two entries' regions, whatever the checkpoint."""
+        if self._ckpt is None:  # a rank reading for itself, or read_metadata ran on another instance
+            self._open()
+        ckpt = self._ckpt
+        assert ckpt is not None
+        self._dtypes = {f: e.dtype.torch for f, e in ckpt.entries.items() if e.kind == "tensor" and e.dtype}
+        by_fqn: dict[str, list[_Request]] = {}
         for r, items in enumerate(plans):
             for k, item in enumerate(items):
                 by_fqn.setdefault(item[1], []).append((r, k, item))
-        pending = {r: len(items) for r, items in enumerate(plans)}
-        device = _device()
-        try:
-            for fqn in self._order:
-                requests = by_fqn.get(fqn)
-                if not requests:
-                    continue
-                full = ckpt.read_value(fqn)  # one tensor in memory at a time
-                for r, k, item in requests:
-                    payload = self._payload(fqn, item, full)
-                    if r == me:
-                        self._apply(plan.items[k], payload, planner)
-                    else:
-                        dist.send(torch.tensor([_OK, payload.numel()], dtype=torch.int64, device=device), dst=r)
-                        dist.send(payload.to(device), dst=r)
-                        self.bytes_sent += payload.numel()
-                    pending[r] -= 1
-                    del payload
-                del full  # before the next tensor is read: one whole tensor in memory at a time
-        except Exception as e:
-            note = f"{type(e).__name__}\n{e}".encode()[:4000]
-            for r, left in pending.items():
-                if r != me and left > 0:
-                    dist.send(torch.tensor([_FAILED, len(note)], dtype=torch.int64, device=device), dst=r)
-                    dist.send(torch.frombuffer(bytearray(note), dtype=torch.uint8).to(device), dst=r)
-            raise
+        order = [fqn for fqn in self._order if fqn in by_fqn]
+        self._straight = {k for k, item in enumerate(plan.items) if target_bytes(item, planner, "cpu") is not None}
+        pending: dict[int, deque[int]] = {r: deque() for r in range(len(plans)) if r != me}
+        most = 0
+        for fqn in order:
+            for r, n in Counter(r for r, _, _ in by_fqn[fqn] if r != me).items():
+                pending[r].append(n)
+            if fqn in self._dtypes:
+                boxes = {(i[2], i[3]) for r, k, i in by_fqn[fqn] if r != me or k not in self._straight}
+                most = max(most, sum(aligned(nbytes(b[1], self._dtypes[fqn])) for b in boxes))
+        slots = [torch.empty(most, dtype=torch.uint8), torch.empty(most, dtype=torch.uint8)]
+        on = device()
+        sending: list[Any] = []
+        reader = RegionReader(ckpt)
 
-    # -- other ranks ------------------------------------------------------------------------------
-    def _receive(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        position = {fqn: i for i, fqn in enumerate(self._order)}
-        order = sorted(range(len(plan.items)), key=lambda k: (position.get(plan.items[k].storage_index.fqn, -1), k))
-        device = _device()
-        for k in order:
-            header = torch.empty(2, dtype=torch.int64, device=device)
-            dist.recv(header, src=self.coordinator_rank)
-            status, nbytes = (int(x) for x in header.tolist())
-            payload = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            dist.recv(payload, src=self.coordinator_rank)
-            if status != _OK:
-                kind, _, message = bytes(payload.cpu().tolist()).decode(errors="replace").partition("\n")
-                raise _rebuild_error(kind, f"coordinator failed: {message}")
-            self.bytes_received += nbytes
-            self._apply(plan.items[k], payload.cpu(), planner)
-
-    @staticmethod
-    def _apply(item: ReadItem, payload: torch.Tensor, planner: LoadPlanner) -> None:
-        if item.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(item, io.BytesIO(bytes(tensor_buffer(payload.contiguous()))))
+        if not any(pending.values()):  # nothing to send: no thread to hand entries over
+            for i, fqn in enumerate(order):
+                self._fetch(fqn, by_fqn[fqn], slots[i % 2], reader, plan, planner, me)
             return
-        target = planner.resolve_tensor(item).detach()
-        source = payload.view(_dtype_of(planner, item)).reshape(tuple(item.lengths))
-        target.copy_(source)
-        planner.commit_tensor(item, target)
+
+        def fetch(i: int) -> Any:
+            if i >= len(order):
+                return None
+            return pool.submit(self._fetch, order[i], by_fqn[order[i]], slots[i % 2], reader, plan, planner, me)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-read") as pool:
+            ahead = fetch(0)
+            try:
+                for i in range(len(order)):
+                    pieces = ahead.result()
+                    wait(sending)
+                    ahead = fetch(i + 1)
+                    sending, sent = post(pieces, me, on, pending)
+                    self.bytes_sent += sent
+                    del pieces
+                wait(sending)
+            except Exception as e:
+                if ahead is not None:
+                    ahead.cancel()
+                fail(e, sending, pending, on)
+                raise
 
 
-def _dtype_of(planner: LoadPlanner, item: ReadItem) -> torch.dtype:
-    md = getattr(planner, "metadata", None)
-    tmd = md.state_dict_metadata[item.storage_index.fqn] if md is not None else None
-    if not isinstance(tmd, TensorStorageMetadata):
-        raise DCPStudioError(f"no tensor metadata for {item.storage_index.fqn}")
-    return tmd.properties.dtype
+def _identity(path: Path | None) -> tuple[Any, ...] | None:
+    """What two ranks compare to be sure they see the same files: host, and each file's device,
+    inode, size and modification time; None when the files cannot be seen."""
+    if path is None:
+        return None
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        stats = [(p.name, p.stat()) for p in files]
+    except OSError:
+        return None
+    return (socket.gethostname(), *((n, s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats))
 
 
 TorchSaveReader = CheckpointReader  # the name of the first version, which read torch.save only

@@ -1,10 +1,13 @@
 """Start N local ranks with ``torch.multiprocessing`` and supervise them.
 
-Ranks are spawned (never forked), join a process group on a free port (gloo on CPU, nccl when
-every rank can have a GPU) and run ``fn(rank, world, report, *args)``. They talk to the parent
-only through a queue: progress, a result, or an error. The parent waits with timeouts only; when
-a rank raises or dies, the others are stopped, the error is raised with its rank, and no process
-is left behind.
+Ranks are forked from a fork server -- a fresh interpreter, started once per parent process, that
+has imported torch and torch.distributed.checkpoint (seconds each, in every rank, when spawned) --
+or spawned where there is no fork server. They never fork the parent itself (its threads, Qt,
+open files). They take the parent's environment of the moment, join a process group on a free
+port (gloo on CPU, nccl when every rank can have a GPU) and run ``fn(rank, world, report, *args)``.
+They talk to the parent only through a queue: progress, a result, or an error. The parent waits
+with timeouts only; when a rank raises or dies, the others are stopped, the error is raised with
+its rank, and no process is left behind.
 """
 
 from __future__ import annotations
@@ -25,7 +28,17 @@ import torch.multiprocessing as mp
 from .errors import CancelledError, DCPStudioError
 from .progress import CancelToken
 
-__all__ = ["LaunchError", "RankProgress", "free_port", "launch"]
+__all__ = ["LaunchError", "RankProgress", "free_port", "launch", "startup_seconds"]
+
+_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "dcpstudio.core.distributed",
+    "dcpstudio.core.formats.dcp_storage",
+    "dcpstudio.core.planners",
+)
+_startup: float | None = None
 
 
 class LaunchError(DCPStudioError):
@@ -45,18 +58,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def startup_seconds() -> float | None:
+    """In a rank started by :func:`launch`: seconds from the ``launch`` call until the rank had
+    joined the process group (start, imports, rendezvous); None in any other process."""
+    return _startup
+
+
+def _context(fn: Any) -> Any:
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    module = getattr(fn, "__module__", None)  # a __main__ would be run again in the server: not preloaded
+    ctx.set_forkserver_preload([*_PRELOAD, *([module] if module and module != "__main__" else [])])
+    return ctx
+
+
 def _entry(
-    rank: int, world: int, port: int, backend: str, timeout: float, fn: Any, args: tuple[Any, ...], q: Any
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    timeout: float,
+    fn: Any,
+    args: tuple[Any, ...],
+    q: Any,
+    env: dict[str, str],
+    launched_at: float,
 ) -> None:
+    global _startup
     import torch.distributed as dist
 
+    os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
+    os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
+    if "OMP_NUM_THREADS" not in env:  # like torchrun: ranks that share the cores do not each take all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        _startup = time.time() - launched_at
         try:
             result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
         finally:
@@ -67,6 +110,7 @@ def _entry(
 
 
 def _stop(procs: list[Any]) -> None:
+    procs = [p for p in procs if p.pid is not None]  # started
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -130,12 +174,17 @@ def launch(
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
     backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo")
-    ctx = mp.get_context("spawn")
+    launched_at = time.time()
+    ctx = _context(fn)
     q = ctx.Queue()
     port = free_port()
+    env = dict(os.environ)
     procs = [
         ctx.Process(
-            target=_entry, args=(r, nprocs, port, backend, timeout, fn, args, q), daemon=True, name=f"dcpstudio-rank{r}"
+            target=_entry,
+            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at),
+            daemon=True,
+            name=f"dcpstudio-rank{r}",
         )
         for r in range(nprocs)
     ]

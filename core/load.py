@@ -10,6 +10,8 @@ region read directly from the source.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +43,7 @@ class RankReport:
     peak_rss: int
     checked: int
     mismatches: list[str] = field(default_factory=list)
+    startup: float = 0.0  # seconds before the load could begin: start, imports, process group (see load_rank)
 
     @property
     def ok(self) -> bool:
@@ -104,6 +107,16 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _steady_malloc() -> None:
+    """Keep large blocks mmapped, so a rank's memory stays its shards plus the buffers in use.
+
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB); from then on
+    blocks of a tensor's size come from the heap, and a rank that reads or receives tensor after
+    tensor fragments it by tens of MiB. Setting the threshold (``M_MMAP_THRESHOLD``) fixes it."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)
+
+
 def load_rank(
     rank: int,
     world: int,
@@ -112,8 +125,14 @@ def load_rank(
     layout: str,
     mesh_shape: Sequence[int],
     trust_pickle: bool = False,
+    local_reads: bool = True,
 ) -> RankReport:
-    """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source."""
+    """The per-rank job: structure (from rank 0), target, ``dcp.load``, check against the source.
+
+    The report's ``startup`` is the time from :func:`~dcpstudio.core.launch.launch` until this rank
+    had joined the process group, plus the imports below (none when the fork server preloaded
+    them); under ``torchrun``, the imports only."""
+    entered = time.perf_counter()
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -121,10 +140,14 @@ def load_rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from .distributed import TorchSaveReader, _rebuild_error
+    from ._transfer import rebuild_error
+    from .distributed import TorchSaveReader
     from .formats.dcp_storage import DCPReader, unwrap_error
+    from .launch import startup_seconds
     from .planners import SafeLoadPlanner
 
+    startup = (startup_seconds() or 0.0) + time.perf_counter() - entered
+    _steady_malloc()
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, tuple(mesh_shape))
     box: list[Any] = [None]
@@ -139,13 +162,16 @@ def load_rank(
             box[0] = ("error", type(e).__name__, str(e))
     dist.broadcast_object_list(box, src=0)
     if box[0][0] == "error":
-        raise _rebuild_error(box[0][1], box[0][2])
+        raise rebuild_error(box[0][1], box[0][2])
     report("planned", 0.1)
     target = build_target(box[0][1], layout, mesh)
     is_dcp = detect_format(path) == "dcp"
     reader: Any = (
-        DCPReader(path, trust_pickle=trust_pickle) if is_dcp else TorchSaveReader(path, trust_pickle=trust_pickle)
+        DCPReader(path, trust_pickle=trust_pickle)
+        if is_dcp
+        else TorchSaveReader(path, trust_pickle=trust_pickle, local_reads=local_reads)
     )
+    dist.barrier()  # the load time is the load's, not the wait for the slowest rank's target
     t0 = time.perf_counter()
     try:
         dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
@@ -180,6 +206,7 @@ def load_rank(
         peak_rss=_peak_rss(),
         checked=len(target),
         mismatches=mismatches,
+        startup=startup,
     )
 
 
@@ -193,8 +220,12 @@ def run_load(
     trust_pickle: bool = False,
     on_progress: Any = None,
     cancel: Any = None,
+    local_reads: bool = True,
 ) -> list[RankReport]:
-    """Spawn ``ranks`` local ranks and load ``path`` into ``layout``; per-rank reports."""
+    """Start ``ranks`` local ranks and load ``path`` into ``layout``; per-rank reports.
+
+    ``local_reads=False`` makes every rank get its bytes from the coordinator instead of reading
+    the file itself (see :class:`~dcpstudio.core.distributed.CheckpointReader`)."""
     from .launch import launch
 
     shape = parse_mesh(mesh, ranks)
@@ -203,7 +234,7 @@ def run_load(
     detect_format(path)
     return launch(
         load_rank,
-        (str(path), layout, shape, trust_pickle),
+        (str(path), layout, shape, trust_pickle, local_reads),
         nprocs=ranks,
         timeout=timeout,
         on_progress=on_progress,

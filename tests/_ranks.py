@@ -140,3 +140,88 @@ def hang_on_rank(rank: int, world: int, report: Any, path: str) -> None:
     if rank == 1:
         time.sleep(3600)
     dist.barrier()
+
+
+def mixed_state_dict(n: int = 48) -> dict[str, Any]:
+    """Many entries of every common dtype, uneven shapes (rows and columns that do not split
+    evenly over 3 ranks, 0-d, empty), with non-tensor values between the tensors."""
+    g = torch.Generator().manual_seed(5)
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool, torch.float64]
+    shapes = [(7, 5), (10, 3), (2, 11), (13,), (), (5, 4, 3), (1, 9), (0, 4)]
+    sd: dict[str, Any] = {}
+    for i in range(n):
+        dtype, shape = dtypes[i % len(dtypes)], shapes[i % len(shapes)]
+        t = torch.randn(shape, generator=g) * 50
+        sd[f"t{i:02d}"] = t > 0 if dtype == torch.bool else t.to(dtype)
+        if i % 9 == 4:
+            sd[f"name{i:02d}"], sd[f"scale{i:02d}"] = f"entry {i}", i / 3
+    return sd
+
+
+def load_mixed(rank: int, world: int, report: Any, path: str, local_reads: bool) -> dict[str, Any]:
+    """Load ``path`` through CheckpointReader into shard1 DTensors (regions strided in the file),
+    except every third tensor, which goes into a full float64 plain tensor (a dtype cast on copy);
+    return the entries that differ from the source."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from dcpstudio.core.distributed import CheckpointReader
+    from dcpstudio.core.load import build_target
+    from dcpstudio.core.planners import SafeLoadPlanner
+
+    source = torch.load(path, weights_only=True)
+    mesh = init_device_mesh("cpu", (world,))
+    structure = {
+        f: (str(v.dtype).removeprefix("torch."), tuple(v.shape)) for f, v in source.items() if torch.is_tensor(v)
+    }
+    target: dict[str, Any] = build_target(structure, "shard1", mesh)
+    for i, fqn in enumerate(sorted(structure)):
+        if i % 3 == 0:
+            target[fqn] = torch.full(source[fqn].shape, -1.0, dtype=torch.float64)
+    target.update({f: None for f in source if f not in structure})
+    reader = CheckpointReader(path, local_reads=local_reads)
+    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+    wrong = []
+    for fqn, want in source.items():
+        got = target[fqn]
+        if isinstance(got, DTensor):
+            got = got.full_tensor()
+        if torch.is_tensor(want):
+            same = torch.equal(got, want.to(got.dtype)) and got.shape == want.shape
+        else:
+            same = got == want
+        if not same:
+            wrong.append(fqn)
+    return {"wrong": wrong, "received": reader.bytes_received, "sent": reader.bytes_sent}
+
+
+def coordinator_fails_midway(rank: int, world: int, report: Any, path: str, at: int) -> str:
+    """The coordinator fails while reading entry ``at``; every rank returns the error it got."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dcpstudio.core.distributed import CheckpointReader
+    from dcpstudio.core.errors import CorruptCheckpointError
+    from dcpstudio.core.formats.dcp_storage import unwrap_error
+    from dcpstudio.core.planners import SafeLoadPlanner
+
+    source = torch.load(path, weights_only=True)
+    target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}
+    reader = CheckpointReader(path, local_reads=False)
+    real = reader._fetch
+    seen: list[str] = []
+
+    def failing(fqn: str, *args: Any) -> Any:
+        seen.append(fqn)
+        if len(seen) > at:
+            raise CorruptCheckpointError(f"cannot read {fqn} (on purpose)")
+        return real(fqn, *args)
+
+    reader._fetch = failing  # type: ignore[method-assign]
+    try:
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+    except CheckpointException as e:
+        error = unwrap_error(e)
+        return f"{type(error).__name__}: {error}"
+    return "no error"

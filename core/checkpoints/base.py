@@ -169,6 +169,17 @@ class Checkpoint:
         """One tensor, or the box ``region`` (a slice per leading dimension), read alone."""
         raise NotImplementedError
 
+    def reads_in_place(self, fqn: str) -> bool:
+        """Whether :meth:`read_into` reads only about the box's bytes (else it makes the whole
+        tensor, or its storage, for every box)."""
+        return False
+
+    def read_into(self, fqn: str, region: Region | None, out: torch.Tensor) -> None:
+        """:meth:`read_tensor` into ``out`` (contiguous, of the box's shape and the tensor's dtype),
+        so a caller that reads many boxes reuses its memory; formats that store the tensor in place
+        read straight into it."""
+        out.copy_(self.read_tensor(fqn, region))
+
     def read_value(self, fqn: str) -> Any:
         """An entry's value with real torch tensors (a tensor entry, or a value holding tensors)."""
         if self.entry(fqn).kind == "tensor":

@@ -95,6 +95,18 @@ class SafetensorsCheckpoint(Checkpoint):
             _place(out, at, read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, local, size, str(t.file)))
         return out
 
+    def reads_in_place(self, fqn: str) -> bool:
+        return self.entry(fqn).kind == "tensor"
+
+    def read_into(self, fqn: str, region: Region | None, out: torch.Tensor) -> None:
+        parts = self._local(fqn)
+        if len(parts) != 1:
+            super().read_into(fqn, region, out)
+            return
+        offsets, sizes = _box(self.tensor_entry(fqn), region)
+        t = parts[0]
+        read_box(self._file(t.file), t.data_offset, t.shape, t.dtype, offsets, sizes, str(t.file), out)
+
     def storage_range(self, ref: StorageRef) -> FileRange | None:
         parts = self._local(ref.key)
         if len(parts) != 1:

@@ -152,6 +152,26 @@ class TorchCheckpoint(Checkpoint):
         file.release()
         return full.clone(memory_format=torch.contiguous_format)
 
+    def _in_place(self, fqn: str) -> tuple[Any, int] | None:
+        """The open file and the offset of a contiguous tensor stored verbatim in it."""
+        ref = self.tensor_ref(fqn)
+        file = self._file_of[fqn]
+        where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
+        return (file, where.offset + ref.byte_offset) if where is not None and ref.is_contiguous() else None
+
+    def reads_in_place(self, fqn: str) -> bool:
+        return self.entry(fqn).kind == "tensor" and self._in_place(fqn) is not None
+
+    def read_into(self, fqn: str, region: Region | None, out: torch.Tensor) -> None:
+        found = self._in_place(fqn)
+        if found is None:
+            super().read_into(fqn, region, out)
+            return
+        file, at = found
+        ref = self.tensor_ref(fqn)
+        offsets, sizes = _box(self.tensor_entry(fqn), region)
+        read_box(file.file, at, ref.shape, ref.dtype, offsets, sizes, file.label, out)
+
     def read_object(self, fqn: str) -> Any:
         return self._values[self.entry(fqn).fqn]
 
