@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -108,14 +109,36 @@ def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(x.vdot(y).real) if x.is_complex() else float(x.dot(y))
 
 
-def sum_sq(x: torch.Tensor) -> float:
-    """``sum |x|^2`` in float64 over the finite elements."""
-    xd = _wide(x, x.is_complex())
+_SLICE = 1 << 18  # elements widened at a time by sum_sq: the float64 copy (2 MiB) stays in cache
+_scratch = threading.local()
+
+
+def _sum_sq_wide(xd: torch.Tensor) -> float:
     s = _dot(xd, xd)
     if not math.isfinite(s):
         xd = xd[xd.isfinite()]
         s = _dot(xd, xd)
     return s
+
+
+def sum_sq(x: torch.Tensor) -> float:
+    """``sum |x|^2`` in float64 over the finite elements. Real values are widened a slice at a
+    time into one reused buffer per thread, never as a float64 copy of the whole block."""
+    import torch
+
+    if x.is_complex() or x.numel() <= _SLICE:
+        return _sum_sq_wide(_wide(x, x.is_complex()))
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = torch.empty(_SLICE, dtype=torch.float64)
+    flat = x.reshape(-1)
+    total = 0.0
+    for start in range(0, flat.numel(), _SLICE):
+        part = flat[start : start + _SLICE]
+        wide = buf[: part.numel()]
+        wide.copy_(part)
+        total += _sum_sq_wide(wide)
+    return total
 
 
 def _add_values(
