@@ -58,9 +58,14 @@ class LoadPanel(QGroupBox):
         self.bars: list[QProgressBar] = []
         self.status = QLabel()
         self.status.setWordWrap(True)
-        self.table = QTableWidget(0, 7)
+        self.table = QTableWidget(0, 8)
         self.table.setHorizontalHeaderLabels(
-            ["rank", "load time", "received", "sent", "local shards", "peak RSS", "check"]
+            ["rank", "start-up", "load time", "received", "sent", "local shards", "peak RSS", "check"]
+        )
+        start_up = self.table.horizontalHeaderItem(1)
+        assert start_up is not None
+        start_up.setToolTip(
+            "From the Load click until the rank had joined the process group: start, imports, rendezvous"
         )
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
@@ -124,6 +129,7 @@ class LoadPanel(QGroupBox):
             check = f"ok ({r.checked})" if r.ok else "MISMATCH: " + ", ".join(r.mismatches[:3])
             cells = [
                 r.rank,
+                f"{r.startup:.2f} s",
                 f"{r.seconds:.2f} s",
                 human_bytes(r.bytes_received),
                 human_bytes(r.bytes_sent),

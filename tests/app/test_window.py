@@ -305,7 +305,9 @@ def test_load_on_ranks_panel(qtbot: Any, window: MainWindow, rich_pt: Path) -> N
     finish(qtbot, window, "load")
     table = window.load_panel.table
     assert table.rowCount() == 2
-    assert all(table.item(r, 6).text().startswith("ok") for r in range(2)), [table.item(r, 6).text() for r in range(2)]
+    assert all(table.item(r, 7).text().startswith("ok") for r in range(2)), [table.item(r, 7).text() for r in range(2)]
+    assert table.horizontalHeaderItem(1).text() == "start-up"
+    assert all(0 < float(table.item(r, 1).text().removesuffix(" s")) < 120 for r in range(2))
     assert all(bar.value() == 100 for bar in window.load_panel.bars)
     assert "Every shard matches" in window.load_panel.status.text()
     # a cancelled load stops its ranks
