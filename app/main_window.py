@@ -26,7 +26,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox, QSplitter, QTabWidget
 
-from dcpstudio.core import Checkpoint, Node, UnsafePickleError, open_checkpoint
+from dcpstudio.core import Checkpoint, Node, UnsafePickleError, open_checkpoint, stop_index_children
 from dcpstudio.core.model import printable
 
 from .context import Context
@@ -371,6 +371,7 @@ class MainWindow(QMainWindow):
 
     # -- closing -----------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        stop_index_children()  # a large .metadata being parsed for the open job: stop, do not wait
         self.board.stop_all()
         self.settings.set_geometry(self.saveGeometry())
         self.settings.sync()

@@ -22,7 +22,7 @@ from .errors import (
 )
 from .extract import ExportResult, export_tensor
 from .formats.detect import detect_format
-from .inspect import Checkpoint, open_checkpoint
+from .inspect import Checkpoint, open_checkpoint, stop_index_children
 from .model import Chunk, Entry, Node
 from .progress import CancelToken, Progress
 from .stats import TensorStats, tensor_stats
@@ -58,6 +58,7 @@ __all__ = [
     "export_tensor",
     "open_checkpoint",
     "read_metadata",
+    "stop_index_children",
     "tensor_stats",
     "torch_save_to_dcp",
 ]

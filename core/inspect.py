@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
+from .checkpoints.dcp_metadata import stop_index_children
 from .errors import UnsupportedFormatError
 from .formats.detect import detect_format
 
@@ -24,6 +25,7 @@ __all__ = [
     "SafetensorsCheckpoint",
     "TorchCheckpoint",
     "open_checkpoint",
+    "stop_index_children",
 ]
 
 

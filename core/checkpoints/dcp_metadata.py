@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "parse_in_child",
     "same_entries",
     "same_metadata",
+    "stop_index_children",
     "store_index",
 ]
 
@@ -149,6 +151,20 @@ def head_first(size: int, trust: bool) -> bool:
     return size > HEAD_ONLY_ABOVE and not trust and not IN_CHILD
 
 
+_CHILDREN: set[subprocess.Popen[bytes]] = set()
+_CHILDREN_LOCK = threading.Lock()
+_STOPPED: set[int] = set()  # pids of the children stopped by stop_index_children
+
+
+def stop_index_children() -> None:
+    """Stop every metadata parse running in a child process (the window is closing): each waiting
+    :func:`build_in_child` raises :class:`~dcpstudio.core.errors.CancelledError` at once."""
+    with _CHILDREN_LOCK:
+        for child in _CHILDREN:
+            _STOPPED.add(child.pid)
+            child.kill()
+
+
 def parse_in_child(md_path: Path) -> bool:
     try:
         return not IN_CHILD and md_path.stat().st_size > CHILD_ABOVE
@@ -166,11 +182,25 @@ def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] 
     here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
     cmd = [sys.executable, "-m", f"{__package__}.dcp_index_child", str(path)]
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, check=False, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata took over {TIMEOUT:.0f} s") from None
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except OSError:
         return None
+    with _CHILDREN_LOCK:
+        _CHILDREN.add(child)
+    try:
+        out, err = child.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise errors.CorruptCheckpointError(f"{label}: parsing its metadata took over {TIMEOUT:.0f} s") from None
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(child)
+            stopped = child.pid in _STOPPED
+            _STOPPED.discard(child.pid)
+    if stopped:
+        raise errors.CancelledError(f"{label}: opening was cancelled")
+    done = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     if done.returncode == 1 and b"No module named" in done.stderr:
         return None
     if done.returncode == 3:

@@ -348,3 +348,39 @@ def test_without_a_child_it_parses_here(chunked: Path, in_child: None, monkeypat
     expected = _open_summary(chunked)
     monkeypatch.setattr(dcp_metadata.sys, "executable", "/nonexistent/python")
     assert _open_summary(chunked, full_index=True) == expected
+
+
+def test_a_window_closing_stops_the_child_parse(tmp_path: Path, in_child: None) -> None:
+    """``stop_index_children`` (the window's close) stops a child parse at once: the open raises
+    CancelledError instead of making the closing window wait, and no child is left running."""
+    import threading
+    import time
+
+    from dcpstudio.core import CancelledError, stop_index_children
+    from tests.perf import big_metadata
+
+    (tmp_path / "big").mkdir()
+    big_metadata.write_metadata(tmp_path / "big" / ".metadata", 20_000, 4)  # ~14 MiB: seconds to parse
+    outcome: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            open_checkpoint(tmp_path / "big", full_index=True)
+            outcome.append(None)
+        except BaseException as e:  # handed to the test thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=open_it)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not dcp_metadata._CHILDREN and time.monotonic() < deadline:
+        time.sleep(0.01)
+    children = list(dcp_metadata._CHILDREN)
+    assert children, "no child process was started"
+    started = time.monotonic()
+    stop_index_children()
+    worker.join(30)
+    assert time.monotonic() - started < 5
+    assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
+    assert all(child.poll() is not None for child in children) and not dcp_metadata._CHILDREN
+    assert not dcp_metadata._STOPPED
