@@ -24,6 +24,7 @@ from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex, human_cou
 
 __all__ = ["COLUMNS", "NODE_ROLE", "SORT_ROLE", "CheckpointTreeModel"]
 
+_ITEM_FLAGS = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable  # one enum object, not one per call
 COLUMNS = ("Name", "Type", "Shape", "Params", "Size", "Chunks")
 NAME, TYPE, SHAPE, PARAMS, SIZE, CHUNKS = range(len(COLUMNS))
 NODE_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -127,9 +128,14 @@ class CheckpointTreeModel(QAbstractItemModel):
         return kids
 
     def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:  # noqa: B008
-        if not self.hasIndex(row, column, parent):
+        # hasIndex() done here in Python: the view asks for thousands of indexes when a large group
+        # is expanded or a row under it made current
+        if parent.isValid() and parent.column() != 0:
             return QModelIndex()
-        return self.createIndex(row, column, self._kids(self.node(parent))[row])
+        node = parent.internalPointer() if parent.isValid() else self._root
+        if not (0 <= row < self._fetched.get(id(node), 0) and 0 <= column < len(COLUMNS)):
+            return QModelIndex()
+        return self.createIndex(row, column, self._kids(node)[row])
 
     def parent(self, index: AnyIndex = QModelIndex()) -> QModelIndex:  # type: ignore[override]  # noqa: B008
         if not index.isValid():
@@ -262,6 +268,4 @@ class CheckpointTreeModel(QAbstractItemModel):
         return None
 
     def flags(self, index: AnyIndex) -> Qt.ItemFlag:
-        if not index.isValid():
-            return Qt.ItemFlag.NoItemFlags
-        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        return _ITEM_FLAGS if index.isValid() else Qt.ItemFlag.NoItemFlags
