@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import pickletools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,31 @@ for _op in pickletools.opcodes:
         _LEN[_code] = {-2: 1, -3: 4, -4: 4, -5: 8}[_n]
 # opcodes stepped over by their length alone (everything but the kinds the scan must look into)
 _STEP = [1 + _LEN[c] if _KIND[c] in (_PLAIN, _FIXED, _MEMOIZE, _NESTING) else 0 for c in range(256)]
+
+
+def _run_pattern() -> re.Pattern[bytes]:
+    """A run of opcodes stepped over: each of _STEP's opcodes with its fixed-size argument, and the
+    short length-prefixed ones (SHORT_BINUNICODE, SHORT_BINBYTES, SHORT_BINSTRING) with theirs. Every
+    alternative starts with its own opcode bytes, so the possessive repeat never backtracks."""
+    by_step: dict[int, list[int]] = {}
+    for code, size in enumerate(_STEP):
+        if size:
+            by_step.setdefault(size, []).append(code)
+
+    def one_of(codes: list[int]) -> bytes:
+        return b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]"
+
+    def any_bytes(k: int) -> bytes:
+        return b"[\\x00-\\xff]{%d}" % k if k else b""
+
+    alternatives = [one_of(codes) + any_bytes(size - 1) for size, codes in sorted(by_step.items())]
+    shorts = [c for c in range(256) if _KIND[c] == _SIZED and _LEN[c] == 1 and c not in _SIGNED]
+    lengths = b"|".join(re.escape(bytes([k])) + any_bytes(k) for k in range(256))
+    alternatives.append(one_of(shorts) + b"(?:" + lengths + b")")
+    return re.compile(b"(?:" + b"|".join(alternatives) + b")*+")
+
+
+_RUN = _run_pattern()
 # counted (with any equal byte inside arguments: an over-count) to bound nesting
 _NESTING_OPS = (b"t", b"\x85", b"\x86", b"\x87", b"\x91")
 
@@ -77,18 +103,20 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
     """Walk the opcodes of the pickle at ``data[start:]`` up to its STOP; raise
     :class:`CorruptCheckpointError` for anything an honest pickler never writes.
 
-    Plain opcodes are stepped over through a table (a 64 MiB ``.metadata`` scans in ~1.5 s). A
+    Runs of opcodes that need no look inside are stepped over by one regular expression, in C (a
+    71 MiB ``.metadata`` scans in 0.8 s; opcode by opcode in Python: 1.7 s). A
     stored memo index must not exceed half the stream read so far (every memo entry costs an
     honest stream at least two bytes), which bounds the memo's memory by the stream's size."""
     n = len(data)
     i = start
-    step, kinds, lengths = _STEP, _KIND, _LEN
+    run, step, kinds, lengths = _RUN.match, _STEP, _KIND, _LEN
     while i < n:
-        s = step[data[i]]
-        if s:
-            i += s
-            continue
+        i = run(data, i).end()  # type: ignore[union-attr]  # matches the empty run at least
+        if i >= n:
+            break
         op = data[i]
+        if step[op]:  # an opcode stepped over stops the run only when its argument runs past the end
+            break
         i += 1
         kind = kinds[op]
         if kind == _SIZED:
