@@ -90,12 +90,15 @@ def entries_from_index(index: DCPIndex) -> dict[str, Entry]:
     if dims and min(dims) < 0:
         raise ValueError("bad shape")
     entries: dict[str, Entry] = {}
-    for k, name in enumerate(index.names):
-        d = kinds[k]
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct shape
+    new, ends = Entry, iter(starts)
+    next(ends, None)
+    for name, d, start, end in zip(index.names, kinds, starts, ends, strict=False):  # ends: starts[1:]
         if d < 0:
-            entries[name] = Entry(name, "bytes", byte_size=byte_size(index, name))
+            entries[name] = new(name, "bytes", byte_size=byte_size(index, name))
         else:
-            entries[name] = Entry(name, "tensor", dtypes[d], tuple(dims[starts[k] : starts[k + 1]]))
+            shape = tuple(dims[start:end])
+            entries[name] = new(name, "tensor", dtypes[d], shapes.setdefault(shape, shape))
     if len(entries) != len(index.names):
         raise ValueError("an entry is listed twice")
     return entries
