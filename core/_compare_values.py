@@ -229,9 +229,8 @@ def first_mismatch(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -
     else:
         complex_ = x.is_complex() or y.is_complex()
         xd, yd = _wide(x, complex_), _wide(y, complex_)
-        close = (xd == yd).logical_or_(torch.isnan(xd).logical_and_(torch.isnan(yd)))
-        close.logical_or_((xd - yd).abs().le_(yd.abs().mul_(rtol).add_(atol)))
-        bad = close.logical_not_()
+        # equal, both NaN, or both finite and within the tolerance (|a - inf| <= inf is not close)
+        bad = torch.isclose(xd, yd, rtol=rtol, atol=atol, equal_nan=True).logical_not_()
     if not bool(bad.any()):
         return None
     return int(torch.argmax(bad.view(torch.uint8)))

@@ -6,6 +6,7 @@ read at all."""
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import threading
@@ -112,7 +113,7 @@ def cached_index(md_path: Path) -> tuple[DCPIndex, dict[str, Entry]] | None:
         with gc_paused():
             index = DCPIndex.from_bytes(found[1])
             entries = entries_from_index(index)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError):
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, struct.error, RecursionError):
         return None  # not what this version writes: rebuilt from the pickle
     return index, entries
 
@@ -183,7 +184,11 @@ def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] 
     caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
     message; a child that dies or hangs is reported as damage. None when no child can be started
     here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
-    cmd = [sys.executable, "-m", f"{__package__}.dcp_index_child", str(path)]
+    # -P: the child's sys.path does not start with the working directory, where a stray json.py or
+    # zlib.py (a downloaded model folder) would be imported in place of the real one; before 3.11,
+    # -I (isolated: no user site either -- if that hides us, the parse falls back to this process)
+    safe_path = "-P" if sys.version_info >= (3, 11) else "-I"
+    cmd = [sys.executable, safe_path, "-m", f"{__package__}.dcp_index_child", str(path)]
     try:
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except OSError:
@@ -222,7 +227,7 @@ def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] 
         with gc_paused():
             index = DCPIndex.from_bytes(done.stdout)
             return index, entries_from_index(index)
-    except (ValueError, TypeError, KeyError, IndexError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, RecursionError) as e:
         raise errors.CorruptCheckpointError(f"{label}: the metadata parser returned a damaged index ({e})") from e
 
 

@@ -74,7 +74,9 @@ def _pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     sp2[1, 0] += 1e-3  # a few pairs differ: compared on those alone
     sp2[20, 0], sp2[30, 0], sp2[39, 99] = 0.0, math.nan, -sp2[39, 99]
     big = torch.randint(-(2**40), 2**40, (3000,), generator=g)
+    inf_b = torch.tensor([1.0, 2.0, 3.0, 4.0])
     return {
+        "inf_against_finite": (inf_b, torch.tensor([1.0, math.inf, 3.0, -math.inf])),
         "sparse": (sp, sp2),
         "sparse_i64": (big, torch.where(torch.arange(3000) % 1000 == 999, big + 1, big)),
         "f32": (f, f2),

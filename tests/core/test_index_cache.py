@@ -188,6 +188,36 @@ def test_an_inconsistent_index_is_ignored(chunked: Path, parses: list[str]) -> N
     assert len(parses) == 2
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x05\x00", (200_000).to_bytes(8, "little") + b"[" * 200_000 + bytes(88)],
+    ids=["short", "deeply-nested-head"],
+)
+def test_a_crafted_payload_in_an_intact_frame_is_ignored(chunked: Path, parses: list[str], payload: bytes) -> None:
+    """Right key, length and CRC, but a payload no index reads (struct.error, RecursionError inside):
+    ignored and rebuilt, never a crash."""
+    first = _summary(chunked)
+    assert _index_cache.store(chunked / ".metadata", "dcp-metadata", payload)
+    assert _summary(chunked)["chunks"] == first["chunks"]
+    assert len(parses) == 2
+
+
+def test_the_child_never_imports_from_the_working_directory(
+    chunked: Path, tmp_path: Path, in_child: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stray json.py / zlib.py where the user stands (a downloaded model folder) is not imported
+    by the child that parses a large .metadata."""
+    marker = tmp_path / "RAN"
+    here = tmp_path / "downloads"
+    here.mkdir()
+    for module in ("json", "zlib", "struct", "array"):
+        (here / f"{module}.py").write_text(f"open({str(marker)!r}, 'a').write({module!r})\n")
+    monkeypatch.chdir(here)
+    first = _open_summary(chunked, full_index=True)
+    assert not marker.exists(), marker.read_text()
+    assert first["entries"] and len(_cache_files()) == 1  # parsed by the child, and cached
+
+
 def test_an_unwritable_cache_folder_still_opens(chunked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
