@@ -5,7 +5,8 @@ the entry one header -- a status and the size of each of the rank's items -- the
 bytes; all ranks' messages are posted at once (``isend``). A rank receives the header, then every
 item at once, straight into its target when the target region is one contiguous run of the
 stored dtype. On failure the coordinator sends every rank that still waits a header with the
-failed status and the error's text, which that rank raises.
+failed status and the error's text, which that rank raises; a rank that fails itself keeps
+receiving (and dropping) what was posted for it, so the coordinator is never left sending.
 """
 
 from __future__ import annotations
@@ -119,13 +120,18 @@ def fail(e: Exception, sending: list[Any], pending: dict[int, deque[int]], on: t
 
 def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) -> int:
     """A rank's side, entry by entry in ``order``; items that cannot land in their targets as they
-    are go through one scratch buffer, reused from entry to entry. Returns the bytes received."""
+    are go through one scratch buffer, reused from entry to entry. Returns the bytes received.
+
+    A failure here (a target that rejects its bytes, memory) does not stop the receiving: the
+    coordinator has posted this rank's sends and waits for them, so every later entry is still
+    received -- into a discarded buffer -- and the first error is raised at the end."""
     groups: dict[str, list[int]] = {fqn: [] for fqn in order}
     for k, item in enumerate(plan.items):
         groups.setdefault(item.storage_index.fqn, []).append(k)
     on = device()
     scratch = torch.empty(0, dtype=torch.uint8, device=on)
     received = 0
+    error: Exception | None = None
     for ks in groups.values():
         if not ks:
             continue
@@ -137,10 +143,18 @@ def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) ->
             dist.recv(note, src=src)
             kind, _, message = bytes(note.cpu().tolist()).decode(errors="replace").partition("\n")
             raise rebuild_error(kind, f"coordinator failed: {message}")
-        direct = [target_bytes(plan.items[k], planner, on.type, n) for k, n in zip(ks, sizes, strict=True)]
-        need = sum(n for n, d in zip(sizes, direct, strict=True) if d is None)
-        if need > scratch.numel():
-            scratch = torch.empty(need, dtype=torch.uint8, device=on)
+        received += sum(sizes)
+        if error is None:
+            try:
+                direct = [target_bytes(plan.items[k], planner, on.type, n) for k, n in zip(ks, sizes, strict=True)]
+                need = sum(n for n, d in zip(sizes, direct, strict=True) if d is None)
+                if need > scratch.numel():
+                    scratch = torch.empty(need, dtype=torch.uint8, device=on)
+            except Exception as e:
+                error = e
+        if error is not None:  # this entry's bytes are on their way all the same: take and drop them
+            _discard(sizes, src, on)
+            continue
         works, copies, at = [], [], 0
         for k, n, d in zip(ks, sizes, direct, strict=True):
             if d is None:
@@ -152,10 +166,24 @@ def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) ->
             if n:
                 works.append(dist.irecv(buf, src=src))
         wait(works)
-        received += sum(sizes)
-        for k, buf in copies:
-            apply(plan.items[k], buf.cpu(), planner)
-        for k, d in zip(ks, direct, strict=True):
-            if d is not None:
-                planner.commit_tensor(plan.items[k], d[0])
+        try:
+            for k, buf in copies:
+                apply(plan.items[k], buf.cpu(), planner)
+            for k, d in zip(ks, direct, strict=True):
+                if d is not None:
+                    planner.commit_tensor(plan.items[k], d[0])
+        except Exception as e:
+            error = e
+    if error is not None:
+        raise error
     return received
+
+
+def _discard(sizes: list[int], src: int, on: torch.device) -> None:
+    """Receive items of ``sizes`` bytes one after another into one buffer, and drop them."""
+    most = max(sizes, default=0)
+    if most:
+        sink = torch.empty(most, dtype=torch.uint8, device=on)  # a message is received whole
+        for n in sizes:
+            if n:
+                dist.recv(sink[:n], src=src)

@@ -225,3 +225,32 @@ def coordinator_fails_midway(rank: int, world: int, report: Any, path: str, at: 
         error = unwrap_error(e)
         return f"{type(error).__name__}: {error}"
     return "no error"
+
+
+def receiver_fails_midway(rank: int, world: int, report: Any, path: str, who: int, at: int) -> str:
+    """Rank ``who`` refuses the bytes of the ``at``-th tensor it commits (its target rejects them);
+    every rank returns the error it got."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dcpstudio.core.distributed import CheckpointReader
+    from dcpstudio.core.formats.dcp_storage import unwrap_error
+    from dcpstudio.core.planners import SafeLoadPlanner
+
+    committed: list[str] = []
+
+    class Refusing(SafeLoadPlanner):
+        def commit_tensor(self, read_item: Any, tensor: Any) -> None:
+            committed.append(read_item.storage_index.fqn)
+            if rank == who and len(committed) > at:
+                raise ValueError(f"rank {rank} refuses {read_item.storage_index.fqn} (on purpose)")
+            super().commit_tensor(read_item, tensor)
+
+    source = torch.load(path, weights_only=True)
+    target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}
+    try:
+        dcp.load(target, storage_reader=CheckpointReader(path, local_reads=False), planner=Refusing())
+    except CheckpointException as e:
+        error = unwrap_error(e)
+        return f"{type(error).__name__}: {error}"
+    return "no error"

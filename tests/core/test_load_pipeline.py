@@ -40,3 +40,14 @@ def test_a_coordinator_failure_mid_stream_reaches_every_rank(mixed: Path, at: in
     assert errors[0].startswith("CorruptCheckpointError: cannot read")
     assert all(e.startswith("CorruptCheckpointError: ") and errors[0][24:] in e for e in errors), errors
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("at", [0, 5])
+def test_a_receiving_rank_failure_ends_the_load_on_every_rank(mixed: Path, at: int) -> None:
+    """A rank whose target rejects its bytes keeps receiving (and dropping) what the coordinator has
+    posted for it, so no rank waits for a timeout; every rank raises that rank's error."""
+    t0 = time.monotonic()
+    errors = launch(_ranks.receiver_fails_midway, (str(mixed), 1, at), nprocs=3, timeout=120)
+    assert time.monotonic() - t0 < 60, "a rank waited for the timeout"
+    assert all(e.startswith("ValueError: rank 1 refuses") for e in errors), errors
+    assert multiprocessing.active_children() == []
