@@ -170,6 +170,7 @@ def _run_load(args: argparse.Namespace) -> int:
                 args.layout,
                 parse_mesh(args.mesh, world),
                 args.trust_pickle,
+                not args.stream,
             )
             gathered: list[Any] | None = [None] * world if rank == 0 else None
             dist.gather_object(report, gathered, dst=0)
@@ -183,6 +184,7 @@ def _run_load(args: argparse.Namespace) -> int:
         mesh=args.mesh,
         timeout=args.timeout,
         trust_pickle=args.trust_pickle,
+        local_reads=not args.stream,
     )
     return _load_table(reports, args.json)
 

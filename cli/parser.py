@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="shard0", choices=["replicate", "shard0", "shard1", "fsdp"])
     p.add_argument("--mesh", help="device mesh shape, e.g. 2x2 (default: 1-D over all ranks)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="every rank gets its bytes from the coordinator (as across hosts), even where it could read the files",
+    )
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("--json", action="store_true", help="per-rank reports as JSON")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -181,6 +182,17 @@ def test_load_command(rich_pt: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert all("ok (" in line for line in out[1:])
     assert main(["load", str(rich_pt), "--ranks", "3", "--mesh", "2x2"]) == 2
     assert "needs 4 ranks" in capsys.readouterr().err
+
+
+def test_load_reads_locally_or_streams_on_request(rich_pt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On one host the ranks read their own regions; --stream sends them every byte from rank 0."""
+    for flags, streamed in (([], False), (["--stream"], True)):
+        assert main(["load", str(rich_pt), "--ranks", "2", "--json", *flags]) == 0
+        reports = json.loads(capsys.readouterr().out)
+        reports = reports["ranks"] if isinstance(reports, dict) else reports
+        assert all(r["ok"] for r in reports)
+        assert (reports[1]["bytes_received"] > 0) == streamed
+        assert reports[0]["bytes_sent"] == reports[1]["bytes_received"]
 
 
 def test_window_without_a_display_is_a_one_line_error(tmp_path: Path) -> None:
