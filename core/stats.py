@@ -145,7 +145,11 @@ def _histogram(good: torch.Tensor, hist: torch.Tensor, lo: float, hi: float) -> 
             part = part.to(torch.float64)
         elif part.element_size() < 4:  # bins placed in float32, not in the half type
             part = part.float()
-        hist += torch.histc(part, bins=hist.numel(), min=lo, max=hi).to(torch.int64)
+        low, high = lo, hi
+        if (high - low) * hist.numel() > torch.finfo(part.dtype).max:  # histc's arithmetic would overflow:
+            scale = 2.0 ** -(math.ceil(math.log2(hist.numel())) + 2)  # bin scaled values (a power of two: exact)
+            part, low, high = part * scale, low * scale, high * scale
+        hist += torch.histc(part, bins=hist.numel(), min=low, max=high).to(torch.int64)
 
 
 def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) -> Iterator[torch.Tensor]:
@@ -203,8 +207,7 @@ def tensor_stats(
         for pieces in itertools.chain([kept], (_finite_part(_numeric(raw), _Totals()) for raw in again)):
             for good in pieces:
                 _histogram(good, hist, lo, hi)
-        step = (hi - lo) / bins
-        edges = [lo + i * step for i in range(bins + 1)]
+        edges = [lo * (1 - i / bins) + hi * (i / bins) for i in range(bins + 1)]  # no overflow: hi - lo may
         counts = [int(c) for c in hist.tolist()]
     finite = acc.finite
     return TensorStats(

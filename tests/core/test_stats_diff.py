@@ -112,6 +112,18 @@ def test_stats_on_large_offset_values_and_nonfinite_runs(tmp_path: Path, budget:
             assert s.hist_counts == _hist_reference(x, 32), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histogram_of_the_widest_range(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Values near both ends of the type: ``max - min`` overflows, the histogram still counts all."""
+    top = torch.finfo(dtype).max
+    t = torch.tensor([-top, -top * 0.3, top * 0.1, top * 0.2, top * 0.9, top], dtype=dtype)
+    torch.save({"t": t}, tmp_path / "t.pt")
+    with open_checkpoint(tmp_path / "t.pt") as ckpt:
+        s = tensor_stats(ckpt, "t", bins=4)
+    assert s.hist_counts == [1, 1, 2, 2] and all(math.isfinite(e) for e in s.hist_edges)
+    assert s.hist_edges[0] == -top and s.hist_edges[-1] == pytest.approx(top)
+
+
 def test_stats_of_a_tensor_without_finite_values(tmp_path: Path) -> None:
     t = torch.full((3000,), math.nan)
     t[::2] = math.inf
