@@ -86,6 +86,7 @@ class CheckpointReader(StorageReader):
         self.bytes_received = 0
         self.bytes_sent = 0
         self._ckpt: Checkpoint | None = None
+        self._seen: tuple[Any, ...] | None = None  # the files' identity when the metadata was built
         self._dtypes: dict[str, torch.dtype] = {}
         self._straight: set[int] = set()  # the coordinator's own items, read straight into their targets
         self._order: list[str] = []
@@ -135,7 +136,8 @@ class CheckpointReader(StorageReader):
                 self._serve([wanted], plan, planner, rank)
             else:
                 idents: list[Any] = [None] * world
-                dist.all_gather_object(idents, _identity(self.path) if self.local_reads else None)
+                mine = self._seen if rank == self.coordinator_rank else _identity(self.path)
+                dist.all_gather_object(idents, mine if self.local_reads else None)
                 local = rank != self.coordinator_rank and idents[rank] is not None
                 local = local and idents[rank] == idents[self.coordinator_rank]
                 gathered: list[Any] | None = [None] * world if rank == self.coordinator_rank else None
@@ -168,6 +170,7 @@ class CheckpointReader(StorageReader):
 
     def _build_metadata(self) -> Metadata:
         ckpt = self._open()
+        self._seen = _identity(self.path)
         sdm: dict[str, Any] = {}
         for fqn, entry in ckpt.entries.items():
             if entry.kind == "tensor":
@@ -263,6 +266,10 @@ class CheckpointReader(StorageReader):
         on = device()
         sending: list[Any] = []
         reader = RegionReader(ckpt)
+        if self._seen is not None and _identity(self.path) != self._seen:  # replaced since the metadata was read
+            changed = errors.CorruptCheckpointError(f"{self.path}: changed while it was being loaded; load it again")
+            fail(changed, [], pending, on)
+            raise changed
 
         if not any(pending.values()):  # nothing to send: no thread to hand entries over
             for i, fqn in enumerate(order):

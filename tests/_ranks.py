@@ -254,3 +254,38 @@ def receiver_fails_midway(rank: int, world: int, report: Any, path: str, who: in
         error = unwrap_error(e)
         return f"{type(error).__name__}: {error}"
     return "no error"
+
+
+def file_replaced_after_metadata(rank: int, world: int, report: Any, path: str, spare: str) -> str:
+    """Rank 0 replaces the checkpoint (``os.replace`` of another file) right after building the
+    metadata; every rank returns the error it got, or what it loaded."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dcpstudio.core.distributed import CheckpointReader
+    from dcpstudio.core.formats.dcp_storage import unwrap_error
+    from dcpstudio.core.planners import SafeLoadPlanner
+
+    source = torch.load(path, weights_only=True)
+    target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}
+    reader = CheckpointReader(path)
+    real = reader._build_metadata
+
+    def then_replace() -> Any:
+        md = real()
+        os.replace(spare, path)
+        return md
+
+    reader._build_metadata = then_replace  # type: ignore[method-assign]
+    try:
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+    except CheckpointException as e:
+        error = unwrap_error(e)
+        return f"{type(error).__name__}: {error}"
+    return "loaded " + (
+        "the old values"
+        if all(torch.equal(target[f], v) for f, v in source.items() if torch.is_tensor(v))
+        else "other values"
+    )

@@ -51,3 +51,17 @@ def test_a_receiving_rank_failure_ends_the_load_on_every_rank(mixed: Path, at: i
     assert time.monotonic() - t0 < 60, "a rank waited for the timeout"
     assert all(e.startswith("ValueError: rank 1 refuses") for e in errors), errors
     assert multiprocessing.active_children() == []
+
+
+def test_a_checkpoint_replaced_during_the_load_is_refused(tmp_path: Path) -> None:
+    """Ranks that read for themselves compare their files with those the metadata was built from: a
+    file replaced in between is refused on every rank, never read against the old metadata."""
+    sd = _ranks.mixed_state_dict(12)
+    torch.save(sd, tmp_path / "m.pt")
+    torch.save(
+        {k: v + 1 if torch.is_tensor(v) and v.is_floating_point() else v for k, v in sd.items()}, tmp_path / "spare.pt"
+    )
+    errors = launch(
+        _ranks.file_replaced_after_metadata, (str(tmp_path / "m.pt"), str(tmp_path / "spare.pt")), nprocs=3, timeout=120
+    )
+    assert all("changed while it was being loaded" in e for e in errors), errors
