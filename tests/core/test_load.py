@@ -66,8 +66,10 @@ def test_a_raising_rank_is_reported_with_its_rank(loadable: Path) -> None:
 
 
 def test_a_hanging_rank_times_out(loadable: Path) -> None:
+    """Whichever fires first -- the launcher's deadline, or gloo's own timeout on the rank left
+    waiting (the process group's timeout is the launch timeout) -- every rank is stopped in time."""
     t0 = time.monotonic()
-    with pytest.raises(LaunchError, match="did not finish"):
+    with pytest.raises(LaunchError, match=r"did not finish|rank 0: .*Timed out"):
         launch(_ranks.hang_on_rank, (str(loadable),), nprocs=2, timeout=8)
     assert time.monotonic() - t0 < 20
     assert multiprocessing.active_children() == []
