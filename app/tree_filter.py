@@ -148,7 +148,20 @@ class Selection:
 _FLIP = bytes([1, 0] + [0] * 254)
 
 
-class _Sums(Mapping[int, Aggregate]):
+class _ByGet(Mapping[int, Aggregate]):
+    """A mapping whose lookups all go through ``get`` (which computes the value, or gives None)."""
+
+    def get(self, key: int, default: Any = None) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, key: int) -> Aggregate:
+        found: Aggregate | None = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+
+class _Sums(_ByGet):
     """Totals over entries at each node leading to one, from per-size-group counts of entries below
     each node (an :class:`Aggregate` is made only for a node that is asked for: the shown rows)."""
 
@@ -164,12 +177,6 @@ class _Sums(Mapping[int, Aggregate]):
             agg.nbytes += n * nbytes
         return agg if agg.entries else default
 
-    def __getitem__(self, key: int) -> Aggregate:
-        found: Aggregate | None = self.get(key)
-        if found is None:
-            raise KeyError(key)
-        return found
-
     def __contains__(self, key: object) -> bool:
         return any(key in counts for counts, _, _ in self._counted)
 
@@ -180,7 +187,7 @@ class _Sums(Mapping[int, Aggregate]):
         return len({k for counts, _, _ in self._counted for k in counts})
 
 
-class _AllBut(Mapping[int, Aggregate]):
+class _AllBut(_ByGet):
     """The totals of a selection that keeps most entries: each node's own totals less those of the
     entries left out (computed for the few left out, not the many kept)."""
 
@@ -198,12 +205,6 @@ class _AllBut(Mapping[int, Aggregate]):
         if t.count == out.entries:
             return default
         return Aggregate(t.count - out.entries, t.params - out.params, t.tensor_bytes - out.nbytes)
-
-    def __getitem__(self, key: int) -> Aggregate:
-        found: Aggregate | None = self.get(key)
-        if found is None:
-            raise KeyError(key)
-        return found
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, int) and self.get(key) is not None

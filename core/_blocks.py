@@ -5,12 +5,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-__all__ = ["BLOCK_BUDGET", "blocks"]
+__all__ = ["BLOCK_BUDGET", "blocks", "box_slices"]
 
 BLOCK_BUDGET = 32 << 20
 """Bytes per block of a streamed computation: per-block costs vanish, a few blocks fit anywhere.
 Blocks this large are unmapped when freed (glibc), so a long computation recycles its buffers
 (:mod:`._buffers`) rather than faulting fresh pages in for every block."""
+
+
+def box_slices(offsets: Sequence[int], sizes: Sequence[int]) -> list[slice]:
+    """The box ``offsets + sizes`` as the region ``read_tensor`` takes: one slice per dimension."""
+    return [slice(o, o + n) for o, n in zip(offsets, sizes, strict=True)]
 
 
 def blocks(shape: Sequence[int], itemsize: int, budget: int) -> Iterator[tuple[list[int], list[int]]]:

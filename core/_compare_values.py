@@ -176,11 +176,17 @@ def _add_values(
     return True
 
 
+def _exact(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> bool:
+    """Integers (or bools) of one dtype at zero tolerance: compared as they are, never through float64
+    (which rounds integers beyond 2**53)."""
+    return x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0
+
+
 def _add_dense(t: Tally, x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> None:
     import torch
 
     exact_bad = None
-    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
+    if _exact(x, y, rtol, atol):
         exact_bad = int(torch.count_nonzero(x != y))
     complex_ = x.is_complex() or y.is_complex()
     xd, yd = _wide(x, complex_), _wide(y, complex_)
@@ -224,7 +230,7 @@ def first_mismatch(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -
     by the rule :func:`add_block` counts with: equal, both NaN, or ``|x - y| <= atol + rtol * |y|``."""
     import torch
 
-    if x.dtype == y.dtype and not (x.is_floating_point() or x.is_complex()) and rtol == 0 and atol == 0:
+    if _exact(x, y, rtol, atol):
         bad = x != y
     else:
         complex_ = x.is_complex() or y.is_complex()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 
+from ._blocks import box_slices
 from ._io import contiguous_span
 from .checkpoints import Checkpoint
 
@@ -34,10 +35,6 @@ def nbytes(lengths: Sequence[int], dtype: torch.dtype) -> int:
 def aligned(n: int) -> int:
     """Boxes start 64-byte aligned in a shared buffer, so each can be viewed as any dtype."""
     return (n + 63) // 64 * 64
-
-
-def _slices(offsets: Sequence[int], lengths: Sequence[int]) -> list[slice]:
-    return [slice(o, o + n) for o, n in zip(offsets, lengths, strict=True)]
 
 
 class RegionReader:
@@ -60,7 +57,7 @@ class RegionReader:
         for box in boxes:
             offsets, lengths, out = box
             if not shape or contiguous_span(shape, offsets, lengths) is not None:
-                ckpt.read_into(fqn, _slices(offsets, lengths), out)
+                ckpt.read_into(fqn, box_slices(offsets, lengths), out)
             else:
                 rows.setdefault((offsets[0], lengths[0]), []).append(box)
         row = 1
@@ -70,7 +67,7 @@ class RegionReader:
             wanted = sum(out.numel() // max(1, count) for _, _, out in group)
             if 2 * wanted < row:  # a small part of each row: each box alone reads less
                 for offsets, lengths, out in group:
-                    ckpt.read_into(fqn, _slices(offsets, lengths), out)
+                    ckpt.read_into(fqn, box_slices(offsets, lengths), out)
             else:
                 self._by_bands(fqn, shape, first, count, group)
 
@@ -85,4 +82,4 @@ class RegionReader:
             band = self._scratch[: n * row_bytes].view(dtype).view(n, *shape[1:])
             self.ckpt.read_into(fqn, [slice(a, a + n)], band)
             for offsets, lengths, out in group:
-                out[a - first : a - first + n].copy_(band[(slice(None), *_slices(offsets[1:], lengths[1:]))])
+                out[a - first : a - first + n].copy_(band[(slice(None), *box_slices(offsets[1:], lengths[1:]))])

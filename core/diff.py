@@ -40,7 +40,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._blocks import blocks
+from ._blocks import blocks, box_slices
 from ._buffers import BufferPool
 from ._compare_values import Tally, add_block, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
@@ -163,19 +163,17 @@ def _block_pairs(
     memory, their buffers recycled: the caller must not keep a pair past the next one); a read's
     error is raised here, and no read is left running when the caller stops."""
 
-    def region(box: tuple[list[int], list[int]]) -> list[slice]:
-        return [slice(o, o + s) for o, s in zip(*box, strict=True)]
-
     if not big:
         for box in boxes:
-            yield *box, a.read_tensor(fqn, region(box)).reshape(-1), b.read_tensor(fqn, region(box)).reshape(-1)
+            where = box_slices(*box)
+            yield *box, a.read_tensor(fqn, where).reshape(-1), b.read_tensor(fqn, where).reshape(-1)
         return
     threads, pool = readers
     with pool.active():
         context = contextvars.copy_context()  # the reader threads allocate from the pool too
 
     def submit(box: tuple[list[int], list[int]]) -> tuple[Future[torch.Tensor], Future[torch.Tensor]]:
-        where = region(box)
+        where = box_slices(*box)
         return (
             threads.submit(context.copy().run, a.read_tensor, fqn, where),
             threads.submit(context.copy().run, b.read_tensor, fqn, where),
@@ -236,8 +234,7 @@ def _compare_tensor(
     if deferred and t.dmax > 0:  # the norms are needed after all: read those blocks of A again
         for offsets, sizes in deferred:
             reporter.check()
-            region = [slice(o, o + n) for o, n in zip(offsets, sizes, strict=True)]
-            t.add_equal(sum_sq(a.read_tensor(fqn, region).reshape(-1)))
+            t.add_equal(sum_sq(a.read_tensor(fqn, box_slices(offsets, sizes)).reshape(-1)))
     return t
 
 

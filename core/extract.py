@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from ._atomic import atomic_output
-from ._blocks import BLOCK_BUDGET, blocks
+from ._blocks import BLOCK_BUDGET, blocks, box_slices
 from ._output import check_paths, io_error
 from ._tensor_io import to_bytes
 from .dtypes import DTYPES, DType
@@ -78,7 +78,7 @@ def _pieces(ckpt: Checkpoint, entry: Entry, out: DType, budget: int, reporter: R
     shape = entry.shape or ()
     for offsets, sizes in blocks(shape, max(entry.dtype.itemsize, out.itemsize), budget):
         reporter.check()
-        block = ckpt.read_tensor(entry.fqn, [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)])
+        block = ckpt.read_tensor(entry.fqn, box_slices(offsets, sizes))
         nbytes = block.numel() * block.element_size()
         data = to_bytes(block if out is entry.dtype else block.to(out.torch))
         del block

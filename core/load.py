@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._blocks import box_slices
 from .diff import _objects_equal
 from .dtypes import dtype_of
 from .formats.detect import detect_format
@@ -187,8 +188,7 @@ def load_rank(
                 local = value.to_local()
                 local_bytes += local.numel() * local.element_size()
                 for chunk in value.__create_chunk_list__():
-                    region = [slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True)]
-                    expected = ckpt.read_tensor(fqn, region)
+                    expected = ckpt.read_tensor(fqn, box_slices(chunk.offsets, chunk.sizes))
                     got = local.cpu()
                     if got.shape != expected.shape or not torch.equal(
                         got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)

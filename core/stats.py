@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._blocks import BLOCK_BUDGET, blocks
+from ._blocks import BLOCK_BUDGET, blocks, box_slices
 from ._buffers import BufferPool
 from .inspect import Checkpoint
 from .model import dtype_name, refuse_expanded
@@ -160,9 +160,8 @@ def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) ->
     pool = BufferPool(keep=2)
     for offsets, sizes in blocks(entry.shape or (), entry.dtype.itemsize, budget):
         reporter.check()
-        region = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
         with pool.active():
-            block = ckpt.read_tensor(fqn, region)
+            block = ckpt.read_tensor(fqn, box_slices(offsets, sizes))
         reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
         yield block
         pool.give(block)
