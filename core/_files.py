@@ -16,15 +16,18 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from ._remote import RemoteFile, RemotePath, RemoteWriter
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["member_path", "open_member", "open_regular", "read_regular"]
+__all__ = ["create_file", "file_size", "member_path", "open_member", "open_regular", "read_regular", "sync_file"]
 
 
-def open_regular(path: Path, label: str | None = None) -> IO[bytes]:
+def open_regular(path: Path | RemotePath, label: str | None = None) -> IO[bytes]:
     """Open ``path`` for reading if it is a regular file (a FIFO, device or directory is refused
-    at once: the open does not block)."""
+    at once: the open does not block). A remote object opens for reads by range."""
     label = label or str(path)
+    if isinstance(path, RemotePath):
+        return path.open_read(label)  # type: ignore[return-value]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -42,17 +45,42 @@ def open_regular(path: Path, label: str | None = None) -> IO[bytes]:
         raise
 
 
-def read_regular(path: Path, limit: int, label: str | None = None) -> bytes:
+def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) -> bytes:
     """The whole of a regular file of at most ``limit`` bytes."""
     label = label or str(path)
     with open_regular(path, label) as f:
-        size = os.fstat(f.fileno()).st_size
+        size = file_size(f)
         if size > limit:
             raise CorruptCheckpointError(f"{label}: {size} bytes, more than the {limit} such a file may hold")
+        if isinstance(f, RemoteFile):  # one request for the whole, not block by block
+            out = bytearray(size)
+            n = f.pread(0, memoryview(out))
+            return bytes(out[:n])
         return f.read(limit + 1)[:limit]
 
 
-def member_path(root: Path, name: Any, what: str) -> Path:
+def file_size(f: IO[bytes]) -> int:
+    """The size of an open file, local or remote."""
+    if isinstance(f, RemoteFile):
+        return f.size
+    return os.fstat(f.fileno()).st_size
+
+
+def create_file(path: Path | RemotePath) -> IO[bytes]:
+    """A new file to write (a remote object is published when it is closed without error)."""
+    if isinstance(path, RemotePath):
+        return path.open_write()  # type: ignore[return-value]
+    return open(path, "wb")
+
+
+def sync_file(f: IO[Any]) -> None:
+    """Flush ``f`` to stable storage (a remote object is durable once its upload completes)."""
+    f.flush()
+    if not isinstance(f, RemoteWriter):
+        os.fsync(f.fileno())
+
+
+def member_path(root: Any, name: Any, what: str) -> Any:
     """The file ``name`` (as a checkpoint names it) inside the checkpoint directory ``root``;
     :class:`CorruptCheckpointError` if it is not a plain relative name that stays inside."""
     if not isinstance(name, str) or not name or "\x00" in name:
@@ -60,6 +88,10 @@ def member_path(root: Path, name: Any, what: str) -> Path:
     shown = repr(name[:200])
     if PurePosixPath(name).is_absolute() or os.path.isabs(name) or ".." in PurePosixPath(name.replace("\\", "/")).parts:
         raise CorruptCheckpointError(f"{root}: {shown} ({what}) lies outside the checkpoint; refusing to read it")
+    if isinstance(root, RemotePath):  # no symlinks in object stores; a URL-like name is refused above
+        if any(p in ("", ".") for p in name.replace("\\", "/").split("/")):
+            raise CorruptCheckpointError(f"{root}: {shown} ({what}) is not a plain relative name; refusing it")
+        return root / name
     real_root = root.resolve()
     target = (root / name).resolve()
     if target != real_root and real_root not in target.parents:
@@ -69,7 +101,7 @@ def member_path(root: Path, name: Any, what: str) -> Path:
     return target
 
 
-def open_member(root: Path, name: Any, what: str) -> IO[bytes]:
+def open_member(root: Any, name: Any, what: str) -> IO[bytes]:
     """Open a file the checkpoint at ``root`` names (see :func:`member_path`), a regular file."""
     path = member_path(root, name, what)
     try:

@@ -11,10 +11,12 @@ import io
 import os
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from ._buffers import new_tensor
+from ._remote import RemoteFile
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError
 
@@ -26,8 +28,10 @@ __all__ = [
     "contiguous_span",
     "copy_range",
     "crc32",
+    "pread_into",
     "read_box",
     "read_exact",
+    "source_of",
     "swap_bytes",
     "tensor_buffer",
 ]
@@ -56,6 +60,12 @@ def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
     pos = offset
     if offset < 0:
         raise CorruptCheckpointError(f"{label}: negative data offset {offset}")
+    if isinstance(f, RemoteFile):
+        if f.pread(offset, out) < len(out):
+            raise CorruptCheckpointError(
+                f"{label}: expected {len(out)} bytes at offset {offset}, the file ends early (truncated?)"
+            )
+        return
     if fd < 0:
         f.seek(offset)
     while len(view):
@@ -97,7 +107,7 @@ class FileRange:
     (ZIP outputs need it; safetensors outputs do not).
     """
 
-    fd: int
+    fd: int | RemoteFile  # a descriptor, or a remote object read by range
     offset: int
     nbytes: int
     crc: int | None = None
@@ -106,22 +116,74 @@ class FileRange:
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP, errno.EBADF}
 
 
-def copy_range(src: FileRange, dst_fd: int, label: str) -> None:
-    """Append ``src`` at the current position of ``dst_fd``; falls back to read/write where the
-    kernel or file system cannot copy between the two files."""
+def copy_range(src: FileRange, dst: IO[bytes], label: str) -> None:
+    """Append ``src`` at the end of ``dst``: inside the kernel between two local files, else
+    streamed in pieces, reading the next while writing the current (a remote source is fetched by
+    parallel range requests; a remote destination uploads as it goes)."""
+    try:
+        dst_fd = dst.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        dst_fd = -1
+    if isinstance(src.fd, int) and dst_fd >= 0:
+        dst.flush()
+        _kernel_copy(src, dst_fd, label)
+        dst.seek(0, os.SEEK_END)  # the copy moved the descriptor under the buffered writer
+        return
+
+    def read(offset: int, n: int) -> bytearray:
+        buf = bytearray(n)
+        if pread_into(src.fd, memoryview(buf), offset) < n:
+            raise CorruptCheckpointError(f"{label}: the file ends early (truncated?)")
+        return buf
+
+    end = src.offset + src.nbytes
+    with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-copy") as reader:
+        pos = src.offset
+        ahead = reader.submit(read, pos, min(_PIECE, end - pos)) if end > pos else None
+        while ahead is not None:
+            buf = ahead.result()
+            pos += len(buf)
+            ahead = reader.submit(read, pos, min(_PIECE, end - pos)) if pos < end else None
+            dst.write(buf)
+            del buf
+
+
+_PIECE = 32 << 20
+
+
+def source_of(f: IO[bytes]) -> int | RemoteFile:
+    """What a :class:`FileRange` of ``f`` reads from: its descriptor, or the remote file itself."""
+    return f if isinstance(f, RemoteFile) else f.fileno()
+
+
+def pread_into(src: int | RemoteFile, out: memoryview, offset: int) -> int:
+    """Fill ``out`` from a descriptor or a remote file at ``offset``; the count read (short only at
+    the end of the file)."""
+    if isinstance(src, RemoteFile):
+        return src.pread(offset, out)
+    got = 0
+    while got < len(out):
+        n = os.preadv(src, [out[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _kernel_copy(src: FileRange, dst_fd: int, label: str) -> None:
     offset, left = src.offset, src.nbytes
     kernel = hasattr(os, "copy_file_range")
     while left:
         if kernel:
             try:
-                n = os.copy_file_range(src.fd, dst_fd, left, offset)
+                n = os.copy_file_range(src.fd, dst_fd, left, offset)  # type: ignore[arg-type]
             except OSError as e:
                 if e.errno not in _NO_KERNEL_COPY:
                     raise
                 kernel = False
                 continue
         else:
-            piece = os.pread(src.fd, min(left, 8 << 20), offset)
+            piece = os.pread(src.fd, min(left, 8 << 20), offset)  # type: ignore[arg-type]
             n = len(piece)
             view = memoryview(piece)
             while view:

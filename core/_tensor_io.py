@@ -7,10 +7,9 @@ Only the paths that compute something -- a non-contiguous view, a dtype cast, a 
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from ._io import FileRange, crc32
+from ._io import FileRange, crc32, pread_into
 from ._refs import TensorRef
 from .dtypes import DType
 from .errors import CorruptCheckpointError, UnsupportedFormatError
@@ -67,12 +66,8 @@ def tensor_bytes(t: TensorRef, *, need_crc: bool, cast: DType | None = None) -> 
                 return span
             data = bytearray(span.nbytes)
             view = memoryview(data)
-            got = 0
-            while got < span.nbytes:
-                n = os.preadv(span.fd, [view[got:]], span.offset + got)
-                if n == 0:
-                    raise CorruptCheckpointError(f"{ref.archive.label}: storage {ref.key} ends early (truncated?)")
-                got += n
+            if pread_into(span.fd, view, span.offset) < span.nbytes:
+                raise CorruptCheckpointError(f"{ref.archive.label}: storage {ref.key} ends early (truncated?)")
             return view, crc32(view)
         raw = ref.archive.storage_bytes(ref)[t.byte_offset : t.byte_offset + t.nbytes]
         return raw, crc32(raw) if need_crc else None

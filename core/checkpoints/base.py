@@ -9,7 +9,6 @@ time: :meth:`Checkpoint.tensor_ref` describes a tensor and where its bytes are (
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -17,9 +16,10 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .._files import open_member, open_regular
+from .._files import file_size, open_member, open_regular
 from .._io import FileRange, read_exact
 from .._refs import StorageRef, TensorRef
+from .._remote import RemotePath
 from .._tensor_io import materialize, to_bytes
 from .._tree import map_tensors
 from ..formats.detect import Format
@@ -210,12 +210,14 @@ class _OpenFiles:
         key = str(name)
         f = self._files.get(key)
         if f is None:
-            opened = open_regular(name) if isinstance(name, Path) else open_member(self._root, name, self._what)
-            f = self._files[key] = opened
+            if isinstance(name, (Path, RemotePath)):
+                f = self._files[key] = open_regular(name)
+            else:
+                f = self._files[key] = open_member(self._root, name, self._what)
         return f
 
     def size(self, relative_path: str) -> int:
-        return os.fstat(self.get(relative_path).fileno()).st_size
+        return file_size(self.get(relative_path))
 
     def close(self) -> None:
         for f in self._files.values():

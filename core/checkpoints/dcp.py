@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from .._buffers import new_tensor
 from .._files import member_path, read_regular
-from .._io import FileRange, read_box, read_exact
+from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef, TensorRef
 from .._tensor_io import to_bytes
@@ -269,7 +269,7 @@ class DCPCheckpoint(Checkpoint):
         f, offset, length, label = self._item_bytes(c, fqn, 0)
         parsed = open_chunk(f, offset, length, label, fqn)
         _check_stored(parsed.tensor, entry, c, label)
-        return parsed.file_range(f.fileno(), entry.dtype, entry.shape or ())
+        return parsed.file_range(source_of(f), entry.dtype, entry.shape or ())
 
     @_damaged_metadata
     def storage_bytes(self, ref: StorageRef) -> memoryview:

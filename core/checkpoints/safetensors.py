@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import torch
 
 from .._buffers import new_tensor
-from .._io import FileRange, read_box, read_exact
+from .._io import FileRange, read_box, read_exact, source_of
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
 from ..errors import CorruptCheckpointError
@@ -112,7 +112,7 @@ class SafetensorsCheckpoint(Checkpoint):
         if len(parts) != 1:
             return None
         t = parts[0]
-        return FileRange(self._file(t.file).fileno(), t.data_offset, t.nbytes)
+        return FileRange(source_of(self._file(t.file)), t.data_offset, t.nbytes)
 
     def storage_bytes(self, ref: StorageRef) -> memoryview:
         entry = self.tensor_entry(ref.key)

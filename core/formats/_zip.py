@@ -164,9 +164,7 @@ class ZipWriter:
         if src.crc is None:
             raise ValueError("a ZIP record copied from a file needs the bytes' CRC-32")
         self._header(name, src.nbytes, src.crc)
-        self._f.flush()
-        copy_range(src, self._f.fileno(), label)
-        self._f.seek(0, os.SEEK_END)  # the copy moved the descriptor under the buffered writer
+        copy_range(src, self._f, label)
 
     def _header(self, name: str, size: int, crc: int) -> None:
         full = f"{self._archive}/{name}".encode()

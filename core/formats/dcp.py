@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._files import member_path, read_regular
+from .._files import member_path, read_regular, sync_file
 from .._io import FileRange, read_exact
 from .._pickle import LIGHT_METADATA_GLOBALS, LazyStorages, TorchPickler, load_light_metadata, load_torch_pickle
 from .._pipeline import prefetch
@@ -137,7 +137,7 @@ class Chunk:
             return None
         return self.data_offset + t.byte_offset
 
-    def file_range(self, fd: int, dtype: Any, shape: Sequence[int]) -> FileRange | None:
+    def file_range(self, fd: Any, dtype: Any, shape: Sequence[int]) -> FileRange | None:
         """The tensor's bytes as a :class:`FileRange` when they lie in place and it has ``dtype``
         and ``shape``; the CRC is set only when the tensor covers its whole storage record."""
         t = self.tensor
@@ -221,8 +221,7 @@ def split_files(
 
 def _close_synced(f: Any) -> None:
     if f is not None:
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
         f.close()
 
 

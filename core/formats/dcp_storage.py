@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._files import member_path, open_member, read_regular
+from .._files import file_size, member_path, open_member, read_regular
 from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
 from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
 from .._pipeline import prefetch
@@ -178,7 +178,7 @@ class DCPReader(FileSystemReader):
         offset, length = info.offset, info.length
         if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
             raise CorruptCheckpointError(f"{label}: invalid storage range")
-        if offset + length > os.fstat(f.fileno()).st_size:
+        if offset + length > file_size(f):
             raise CorruptCheckpointError(f"{label}: bytes {offset}-{offset + length} lie past the end of the file")
         descriptors = getattr(info, "transform_descriptors", None)
         if descriptors:

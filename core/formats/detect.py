@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 from typing import Literal
 
-from .._files import open_regular
+from .._files import file_size, open_regular
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = ["Format", "detect_format"]
@@ -52,7 +52,7 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
         return "torch"
     try:
         with open_regular(p) as f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             head = f.read(512)
     except OSError as e:
         raise UnsupportedFormatError(f"{p}: cannot read ({e.strerror or e})") from e

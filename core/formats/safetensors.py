@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._files import member_path, open_regular, read_regular
+from .._files import file_size, member_path, open_regular, read_regular, sync_file
 from .._io import FileRange, copy_range, read_exact
 from ..dtypes import BY_SAFETENSORS, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -45,7 +45,7 @@ def parse_header(f: IO[bytes], path: Path, label: str, base: int = 0) -> tuple[l
     """The tensors of the safetensors data at offset ``base`` of ``f`` (a whole file, or a blob
     inside a DCP data file). Every range is checked against the file's size."""
     try:
-        size = os.fstat(f.fileno()).st_size
+        size = file_size(f)
         head = bytearray(8)
         if base + 8 > size:
             raise CorruptCheckpointError(f"{label}: too short for a safetensors file")
@@ -179,12 +179,9 @@ class SafetensorsWriter:
 
     def copy(self, name: str, src: FileRange, label: str) -> None:
         self._take(name, src.nbytes)
-        self._f.flush()
-        copy_range(src, self._f.fileno(), label)
-        self._f.seek(0, os.SEEK_END)
+        copy_range(src, self._f, label)
 
     def finish(self) -> None:
         if self._next != len(self._expected):
             raise ValueError("safetensors writer finished before every tensor was written")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        sync_file(self._f)

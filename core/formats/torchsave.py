@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from .._files import open_regular
-from .._io import FileRange, read_exact
+from .._io import FileRange, read_exact, source_of
 from .._pickle import LazyStorages, TorchPickler, load_torch_pickle
 from .._pickle_guard import scan
 from .._refs import StorageRef, TensorRef
+from .._remote import RemotePath, as_location
 from .._tree import check_depth
 from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
@@ -62,7 +63,9 @@ class TorchSaveFile:
     def __init__(
         self, path: str | os.PathLike[str] | io.BytesIO, *, trust_pickle: bool = False, label: str = ""
     ) -> None:
-        self.path = Path(path) if not isinstance(path, io.BytesIO) else None
+        where = as_location(path) if not isinstance(path, io.BytesIO) else None
+        self.path = where if where is None or isinstance(where, RemotePath) else Path(where)
+        self._local = isinstance(self.path, Path)
         self.label = label or str(path)
         self.storages = LazyStorages(self)
         self._locations: dict[str, tuple[int, int, int | None]] = {}  # offset, size, CRC
@@ -72,7 +75,7 @@ class TorchSaveFile:
         if isinstance(path, io.BytesIO):
             self._f: IO[bytes] = path
         else:
-            self._f = open_regular(Path(path), self.label)
+            self._f = open_regular(self.path, self.label)  # type: ignore[arg-type]
         try:
             head = self._read_small(0, min(4, self._size()))
             if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
@@ -124,7 +127,7 @@ class TorchSaveFile:
         size = self._size()
         pos = 0
         scratch = LazyStorages()
-        with mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if self.path else _Whole(self._f) as data:
+        with mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if self._local else _Whole(self._f) as data:
 
             def next_pickle(storages: LazyStorages, trusted: bool = False) -> Any:
                 nonlocal pos
@@ -193,7 +196,7 @@ class TorchSaveFile:
         if not self.in_place(self._own(ref)) or self.path is None:
             return None
         offset, size, crc = self._locations[ref.key]
-        return FileRange(self._f.fileno(), offset, ref.nbytes, crc if size == ref.nbytes else None)
+        return FileRange(source_of(self._f), offset, ref.nbytes, crc if size == ref.nbytes else None)
 
     def view_range(self, t: TensorRef) -> FileRange | None:
         """Where the bytes of a contiguous view lie in place in the file (CRC set when it covers its
