@@ -19,7 +19,9 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from ._remote import RemotePath, as_location, is_url
 from .errors import DCPStudioError, DestinationExistsError
 
 __all__ = ["atomic_output", "fsync_tree"]
@@ -91,7 +93,7 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(dst: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool = False) -> Iterator[Any]:
     """Yield a path to write the output at; move it to ``dst`` when the block succeeds.
 
     The caller writes a file or a directory at the yielded path and fsyncs what it wrote (the
@@ -99,6 +101,10 @@ def atomic_output(dst: str | os.PathLike[str], *, overwrite: bool = False) -> It
     renames durable. Raises :class:`DestinationExistsError` before any work when ``dst`` exists and
     ``overwrite`` is false.
     """
+    if isinstance(dst, RemotePath) or is_url(dst):
+        with _remote_output(as_location(dst), overwrite) as where:
+            yield where
+        return
     dst = Path(dst).absolute()
     if dst.exists() and not overwrite:
         raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
@@ -138,3 +144,54 @@ def atomic_output(dst: str | os.PathLike[str], *, overwrite: bool = False) -> It
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         os.close(lock)
+
+
+# Published last when a folder is copied into place: a reader sees the checkpoint only when whole.
+_PUBLISHED_LAST = (".metadata", ".index.json")
+
+
+@contextlib.contextmanager
+def _remote_output(dst: RemotePath, overwrite: bool) -> Iterator[RemotePath]:
+    """Object stores have no rename. A single object is uploaded in place: it appears only when its
+    upload completes (an exception aborts it). A folder that does not exist yet is written in place,
+    its ``.metadata`` or index last (the writers do), and removed on failure. A folder that is
+    replaced is written under a temporary sibling prefix first; only when it is complete is the old
+    one removed and the new one copied into place (inside the store), ``.metadata``/index last."""
+    exists = dst.exists()
+    if exists and not overwrite:
+        raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
+    if not exists:
+        try:
+            yield dst
+        except BaseException:
+            if dst.is_dir():
+                dst.remove_tree()
+            raise
+        return
+    tmp = dst.parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}" / dst.name
+    try:
+        yield tmp
+        if tmp.is_file():
+            if dst.is_dir():
+                dst.remove_tree()
+            _publish(tmp, dst, [tmp])
+            return
+        files = sorted(tmp.fs.find(tmp.path), key=lambda name: name.endswith(_PUBLISHED_LAST))
+        if dst.is_dir():
+            dst.remove_tree()
+        else:
+            dst.unlink(missing_ok=True)
+        _publish(tmp, dst, [RemotePath(f"{tmp.url}{name[len(tmp.path) :]}", _fs=tmp.fs, _path=name) for name in files])
+    finally:
+        tmp.parent.remove_tree()
+
+
+def _publish(tmp: RemotePath, dst: RemotePath, files: list[RemotePath]) -> None:
+    """Copy ``files`` (under ``tmp``) to the same places under ``dst``, inside the store."""
+    for f in files:
+        target = RemotePath(dst.url + f.url[len(tmp.url) :], _fs=dst.fs, _path=dst.path + f.path[len(tmp.path) :])
+        try:
+            dst.fs.copy(f.path, target.path)
+        except Exception as e:
+            raise DCPStudioError(f"cannot write {target}: copying into place failed ({type(e).__name__})") from None
+        target.forget()

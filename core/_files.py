@@ -14,12 +14,21 @@ import fcntl
 import os
 import stat
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from ._remote import RemoteFile, RemotePath, RemoteWriter
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["create_file", "file_size", "member_path", "open_member", "open_regular", "read_regular", "sync_file"]
+__all__ = [
+    "abandon",
+    "create_file",
+    "file_size",
+    "member_path",
+    "open_member",
+    "open_regular",
+    "read_regular",
+    "sync_file",
+]
 
 
 def open_regular(path: Path | RemotePath, label: str | None = None) -> IO[bytes]:
@@ -66,11 +75,19 @@ def file_size(f: IO[bytes]) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-def create_file(path: Path | RemotePath) -> IO[bytes]:
+def create_file(path: Path | RemotePath) -> BinaryIO:
     """A new file to write (a remote object is published when it is closed without error)."""
     if isinstance(path, RemotePath):
         return path.open_write()  # type: ignore[return-value]
     return open(path, "wb")
+
+
+def abandon(f: IO[Any]) -> None:
+    """Close a file being written after a failure (a remote upload is aborted, not published)."""
+    if isinstance(f, RemoteWriter):
+        f.discard()
+    else:
+        f.close()
 
 
 def sync_file(f: IO[Any]) -> None:

@@ -10,13 +10,13 @@ and fsynced. None of this imports torch; a cast or a non-contiguous view does, w
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ._atomic import atomic_output
+from ._files import create_file, sync_file
 from ._io import FileRange
 from ._pipeline import prefetch
 from ._refs import StorageRef, TensorRef
@@ -114,7 +114,7 @@ def write_torch_save_output(
     the kernel when its bytes lie in place, else written from memory. ``names`` maps a storage's
     ``id`` to the entry name shown in progress reports."""
     try:
-        with atomic_output(dst, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+        with atomic_output(dst, overwrite=overwrite) as tmp, create_file(tmp) as f:
             writer = TorchSaveWriter(f, archive_name(dst))
             order = writer.write_pickle(obj)
 
@@ -130,8 +130,7 @@ def write_torch_save_output(
                     writer.write_storage(key, data[0], data[1])
                 reporter.advance(ref.nbytes, current=name)
             writer.finish()
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
     except OSError as e:
         raise io_error(dst, e) from e
 
@@ -201,7 +200,7 @@ def write_safetensors_output(
                     for k, s in enumerate(shards, 1)
                 ]
             for path, shard in files:
-                with open(path, "wb") as f:
+                with create_file(path) as f:
                     writer = SafetensorsWriter(f, [(name, t.dtype, t.shape) for name, t in shard], metadata)
                     for (name, t), data in prefetch(produce, shard):
                         if isinstance(data, FileRange):
@@ -216,9 +215,8 @@ def write_safetensors_output(
                     "metadata": {"total_size": total},
                     "weight_map": {name: path.name for path, shard in files for name, _ in shard},
                 }
-                with open(tmp / INDEX_FILE, "w") as index_file:
-                    json.dump(index, index_file, indent=2)
-                    index_file.flush()
-                    os.fsync(index_file.fileno())
+                with create_file(tmp / INDEX_FILE) as index_file:
+                    index_file.write(json.dumps(index, indent=2).encode())
+                    sync_file(index_file)
     except OSError as e:
         raise io_error(dst, e) from e

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -199,8 +200,10 @@ class RemotePath:
     """A file or folder in a remote store, with the part of :class:`pathlib.Path` we use."""
 
     def __init__(self, url: str, *, _fs: Any = None, _path: str | None = None) -> None:
+        self.folder = url.endswith("/") and not url.endswith("://")  # "…/" names a folder
         url = url.rstrip("/") if not url.endswith("://") else url
         self.url = url
+        self.http = _scheme(url) in ("http", "https")
         if _fs is None:
             _fs, _path = _filesystem(url)
         self.fs = _fs
@@ -258,10 +261,27 @@ class RemotePath:
 
     # -- what is there -------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        """The store's description of the object (size, ETag, modification time), fetched once."""
+        """The store's description of the object (size, ETag, modification time): asked once per
+        object within a few seconds, so that opening a checkpoint does not ask again and again."""
         if self._info is None:
-            self._info = _call(self.url, "read", self.fs.info, self.path)
+            now = time.monotonic()
+            with _info_lock:
+                seen = _infos.get(self.url)
+            if seen is not None and now - seen[0] < INFO_TTL:
+                self._info = seen[1]
+            else:
+                self._info = _call(self.url, "read", self.fs.info, self.path)
+                with _info_lock:
+                    _infos[self.url] = (now, self._info)
+                    while len(_infos) > 4096:
+                        del _infos[next(iter(_infos))]
         return self._info
+
+    def forget(self) -> None:
+        """Drop what is known of the object (it was written or removed)."""
+        self._info = None
+        with _info_lock:
+            _infos.pop(self.url, None)
 
     def _probe(self) -> dict[str, Any] | None:
         try:
@@ -275,12 +295,16 @@ class RemotePath:
         return self._probe() is not None
 
     def is_file(self) -> bool:
+        if self.folder:
+            return False
         info = self._probe()
         return info is not None and info.get("type") != "directory"
 
     def is_dir(self) -> bool:
         if self.url.endswith("://"):
             return True
+        if self.http:  # HTTP has no folders: one is named with a trailing "/" or holds a known file
+            return self.folder or any(True for _ in self.iterdir())
         info = self._probe()
         return info is not None and info.get("type") == "directory"
 
@@ -288,6 +312,9 @@ class RemotePath:
         return False
 
     def iterdir(self) -> Iterator[RemotePath]:
+        if self.http:  # no listings over HTTP: the files a checkpoint folder is known by
+            yield from (p for p in (self / n for n in _KNOWN_FILES) if p.exists())
+            return
         entries = _call(self.url, "list", self.fs.ls, self.path, detail=True)
         for e in entries:
             full = str(e["name"]).rstrip("/")
@@ -308,6 +335,7 @@ class RemotePath:
         """Object stores have no folders: a prefix exists once an object is under it."""
 
     def unlink(self, missing_ok: bool = False) -> None:
+        self.forget()
         try:
             _call(self.url, "delete", self.fs.rm_file, self.path)
         except RemoteError:
@@ -315,8 +343,13 @@ class RemotePath:
                 raise
 
     def remove_tree(self) -> None:
+        """Remove the object or everything under the prefix (quietly: there may be nothing)."""
         with contextlib.suppress(RemoteError):
             _call(self.url, "delete", self.fs.rm, self.path, recursive=True)
+        with _info_lock:
+            for url in [u for u in _infos if u == self.url or u.startswith(self.url + "/")]:
+                del _infos[url]
+        self._info = None
 
     # -- opening -------------------------------------------------------------------------------
     def open_read(self, label: str | None = None) -> RemoteFile:
@@ -375,6 +408,19 @@ def _threads() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="dcpstudio-fetch")
         return _pool
+
+
+_infos: dict[str, tuple[float, dict[str, Any]]] = {}
+_info_lock = threading.Lock()
+INFO_TTL = 10.0
+# what a folder served over HTTP is probed for (no listings there)
+_KNOWN_FILES = (
+    ".metadata",
+    "model.safetensors.index.json",
+    "model.safetensors",
+    "pytorch_model.bin.index.json",
+    "pytorch_model.bin",
+)
 
 
 class RemoteFile(io.RawIOBase):
@@ -509,6 +555,7 @@ class RemoteWriter(io.RawIOBase):
     def close(self) -> None:
         if self.closed:
             return
+        self.where.forget()
         try:
             self._f.close()
         except Exception as e:
@@ -534,9 +581,9 @@ class RemoteWriter(io.RawIOBase):
 
 
 def as_location(value: Any) -> Any:
-    """A :class:`RemotePath` for a URL, else ``value`` unchanged (a local path)."""
+    """A :class:`RemotePath` for a URL, else a local :class:`~pathlib.Path`."""
     if isinstance(value, RemotePath):
         return value
     if is_url(value):
         return RemotePath(value)
-    return value
+    return Path(value)

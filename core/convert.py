@@ -30,6 +30,7 @@ from ._output import (
     write_torch_save_output,
 )
 from ._refs import StorageRef, TensorRef
+from ._remote import as_location
 from ._tensor_io import materialize, to_bytes
 from ._tree import iter_tensors, set_element
 from .dtypes import DTYPES, DType
@@ -255,7 +256,7 @@ def convert(
     the directory ``dst`` (as does a ``dst`` ending in a path separator), and ``strip_prefix``
     drops a prefix from names. For DCP targets, ``files`` spreads the data over that many files
     and ``max_file_size`` keeps each file under a size (one file by default)."""
-    src_p, dst_p = Path(src), Path(dst)
+    src_p, dst_p = as_location(src), as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = detect_format(src_p)
     target = to or ("torch" if fmt == "dcp" else "dcp")

@@ -44,6 +44,7 @@ from torch.futures import Future
 
 from . import errors
 from ._regions import Box, RegionReader, aligned, nbytes
+from ._remote import RemotePath, as_location
 from ._transfer import Piece, apply, device, fail, post, rebuild_error, receive, target_bytes, wait
 from .errors import DCPStudioError
 from .inspect import Checkpoint, TorchCheckpoint, open_checkpoint
@@ -80,7 +81,7 @@ class CheckpointReader(StorageReader):
     ) -> None:
         super().__init__()
         self.local_reads = local_reads
-        self.path = Path(checkpoint_id) if checkpoint_id is not None else None
+        self.path = as_location(checkpoint_id) if checkpoint_id is not None else None
         self.coordinator_rank = coordinator_rank
         self.trust_pickle = trust_pickle
         self.bytes_received = 0
@@ -94,7 +95,7 @@ class CheckpointReader(StorageReader):
     # -- StorageReader interface ------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = Path(checkpoint_id)
+            self.path = as_location(checkpoint_id)
         self.bytes_received = self.bytes_sent = 0
 
     @classmethod
@@ -307,8 +308,10 @@ def _identity(path: Path | None) -> tuple[Any, ...] | None:
     try:
         files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
         stats = [(p.name, p.stat()) for p in files]
-    except OSError:
+    except (OSError, DCPStudioError):
         return None
+    if isinstance(path, RemotePath):  # an object store is the same for every host
+        return (str(path), *((n, s.etag, s.st_size, s.st_mtime) for n, s in stats))
     return (socket.gethostname(), *((n, s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats))
 
 

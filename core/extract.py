@@ -17,7 +17,9 @@ from typing import Literal
 
 from ._atomic import atomic_output
 from ._blocks import BLOCK_BUDGET, blocks, box_slices
+from ._files import create_file, sync_file
 from ._output import check_paths, io_error
+from ._remote import as_location
 from ._tensor_io import to_bytes
 from .dtypes import DTYPES, DType
 from .errors import DCPStudioError, UnsupportedFormatError
@@ -107,7 +109,7 @@ def export_tensor(
     :class:`CancelledError` when ``cancel`` is set (nothing is left behind), ``ValueError`` for an
     unknown format or an entry that is not a tensor, ``KeyError`` for a name the checkpoint lacks.
     """
-    dst_p = Path(dst)
+    dst_p = as_location(dst)
     kind = _format(dst_p, fmt)
     entry = ckpt.entry(fqn)
     if entry.kind != "tensor" or entry.dtype is None:
@@ -122,7 +124,7 @@ def export_tensor(
     reporter = Reporter(progress, cancel, total_bytes=entry.nbytes, total_items=1)
     pieces = _pieces(ckpt, entry, out, budget, reporter)
     try:
-        with atomic_output(dst_p, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+        with atomic_output(dst_p, overwrite=overwrite) as tmp, create_file(tmp) as f:
             if kind == "npy":
                 f.write(npy_header(descr, shape))
                 for piece in pieces:
@@ -130,8 +132,7 @@ def export_tensor(
                     del piece
             else:
                 write_tensor_archive(f, entry.dtype, shape, pieces, archive=archive_name(dst_p))
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
             reporter.advance(0, items=1, current=fqn)
     except OSError as e:
         raise io_error(dst_p, e) from e

@@ -10,8 +10,8 @@ checkpoint lives in its own module of :mod:`dcpstudio.core.checkpoints`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from ._remote import as_location
 from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
 from .checkpoints.dcp_metadata import stop_index_children
 from .errors import UnsupportedFormatError
@@ -35,7 +35,7 @@ def open_checkpoint(
     """Open a DCP directory, torch.save file or safetensors checkpoint without reading tensor data.
     ``full_index``: read a DCP's whole storage index now (see :class:`DCPCheckpoint`), not on first
     use -- for callers that will show every entry's chunks and sizes anyway."""
-    p = Path(path)
+    p = as_location(path)
     fmt = detect_format(p)
     if fmt == "dcp":
         return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)

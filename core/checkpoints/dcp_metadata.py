@@ -171,7 +171,7 @@ def stop_index_children() -> None:
 
 def parse_in_child(md_path: Path) -> bool:
     try:
-        return not IN_CHILD and md_path.stat().st_size > CHILD_ABOVE
+        return not IN_CHILD and isinstance(md_path, Path) and md_path.stat().st_size > CHILD_ABOVE
     except OSError:
         return False
 

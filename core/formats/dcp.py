@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._files import member_path, read_regular, sync_file
+from .._files import abandon, create_file, member_path, read_regular, sync_file
 from .._io import FileRange, read_exact
 from .._pickle import LIGHT_METADATA_GLOBALS, LazyStorages, TorchPickler, load_light_metadata, load_torch_pickle
 from .._pipeline import prefetch
@@ -287,7 +287,7 @@ def write_dcp(
             file_name = file_of[id(item)]
             if f is None or f.name != str(directory / file_name):
                 _close_synced(f)
-                f = open(directory / file_name, "wb")  # noqa: SIM115 - closed below or on error
+                f = create_file(directory / file_name)
             offset = f.tell()
             t = item.tensor
             if t is None or isinstance(data, bytes):
@@ -312,7 +312,7 @@ def write_dcp(
         f = None
     finally:
         if f is not None:
-            f.close()
+            abandon(f)
     for item in items:
         t = item.tensor
         if t is None:
@@ -333,12 +333,14 @@ def write_dcp(
         ),
         version="1.0.0",
     )
-    with open(directory / METADATA_FILE, "wb") as f:
-        TorchPickler(f, protocol=4).dump(metadata)
-        f.flush()
-        os.fsync(f.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    buf = io.BytesIO()
+    TorchPickler(buf, protocol=4).dump(metadata)
+    with create_file(directory / METADATA_FILE) as f:  # last: the checkpoint exists from now on
+        f.write(buf.getbuffer())
+        sync_file(f)
+    if isinstance(directory, Path):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -46,6 +46,7 @@ from .._files import file_size, member_path, open_member, read_regular
 from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
 from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
 from .._pipeline import prefetch
+from .._remote import as_location
 from .._stand_ins import get_layout
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
@@ -93,10 +94,12 @@ def _metadata_globals() -> dict[tuple[str, str], Any]:
 def read_metadata(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Metadata:
     """Load a DCP directory's ``.metadata`` as torch's ``Metadata`` without running code from it
     (unless trusted)."""
-    md_path = Path(path) / METADATA_FILE
+    md_path = as_location(path) / METADATA_FILE
     if not md_path.exists():
         raise UnsupportedFormatError(f"{path}: no {METADATA_FILE} file; not a complete DCP checkpoint")
-    data = read_regular(member_path(Path(path), METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path))
+    data = read_regular(
+        member_path(as_location(path), METADATA_FILE, "DCP metadata file"), METADATA_LIMIT, str(md_path)
+    )
     label = str(md_path)
     try:
         md = _load(data, label, "metadata pickle", _metadata_globals(), trust=trust_pickle)
@@ -139,8 +142,8 @@ class DCPReader(FileSystemReader):
             info = self._info(item)
             per_file.setdefault(info.relative_path, []).append(item)
         for relative_path, items in per_file.items():
-            path = Path(self.path) / relative_path
-            with open_member(Path(self.path), relative_path, "DCP data file") as f:
+            path = as_location(self.path) / relative_path
+            with open_member(as_location(self.path), relative_path, "DCP data file") as f:
                 for item in sorted(items, key=lambda i: self._info(i).offset):
                     self._read_item(cast(IO[bytes], f), path, item, planner)
         fut: Future[None] = Future()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .._files import file_size, open_regular
+from .._remote import RemotePath, as_location
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = ["Format", "detect_format"]
@@ -29,23 +29,17 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
     """``"dcp"`` for a directory with ``.metadata``, ``"torch"`` for a torch.save file (ZIP or
     legacy), ``"safetensors"`` for a safetensors file or a directory with an index; else a clear
     :class:`UnsupportedFormatError`."""
-    p = Path(path)
+    p = as_location(path)
+    if isinstance(p, RemotePath):
+        return _detect_remote(p)
     if p.is_dir():
-        if (p / ".metadata").is_file():
-            return "dcp"
-        if any(p.glob("*.distcp")):
-            raise CorruptCheckpointError(
-                f"{p}: has .distcp data files but no .metadata; the save did not finish or it was removed"
-            )
-        if (p / _SAFETENSORS_INDEX).is_file() or any(p.glob("*.safetensors")):
-            return "safetensors"
-        if any(p.name.endswith(TORCH_INDEX_SUFFIXES) for p in p.iterdir()):
-            return "torch"  # torch.save shards with their index (pytorch_model.bin.index.json)
-        raise UnsupportedFormatError(
-            f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors, no pytorch_model.bin.index.json)"
-        )
+        return _detect_dir(p)
     if not p.exists():
         raise UnsupportedFormatError(f"{p}: no such file or directory")
+    return _detect_file(p)
+
+
+def _detect_file(p: Any) -> Format:
     if p.name.endswith(".safetensors.index.json"):
         return "safetensors"
     if p.name.endswith(TORCH_INDEX_SUFFIXES):
@@ -69,3 +63,34 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
     raise UnsupportedFormatError(
         f"{p}: not a checkpoint (expected a DCP directory, a torch.save file or a safetensors file)"
     )
+
+
+def _detect_dir(p: Any) -> Format:
+    if (p / ".metadata").is_file():
+        return "dcp"
+    if any(p.glob("*.distcp")):
+        raise CorruptCheckpointError(
+            f"{p}: has .distcp data files but no .metadata; the save did not finish or it was removed"
+        )
+    if (p / _SAFETENSORS_INDEX).is_file() or any(p.glob("*.safetensors")):
+        return "safetensors"
+    if any(p.name.endswith(TORCH_INDEX_SUFFIXES) for p in p.iterdir()):
+        return "torch"  # torch.save shards with their index (pytorch_model.bin.index.json)
+    raise UnsupportedFormatError(
+        f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors, no pytorch_model.bin.index.json)"
+    )
+
+
+def _detect_remote(p: RemotePath) -> Format:
+    """As for a local path, asking the store as little as possible: a DCP is known from one
+    request for its ``.metadata``."""
+    if not p.name.endswith(_FILE_SUFFIXES) and (p / ".metadata").is_file():
+        return "dcp"
+    if p.is_dir():
+        return _detect_dir(p)
+    if not p.exists():
+        raise UnsupportedFormatError(f"{p}: not found")
+    return _detect_file(p)
+
+
+_FILE_SUFFIXES = (".json", ".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar")

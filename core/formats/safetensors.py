@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from .._files import file_size, member_path, open_regular, read_regular, sync_file
 from .._io import FileRange, copy_range, read_exact
+from .._remote import as_location
 from ..dtypes import BY_SAFETENSORS, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
@@ -114,8 +115,8 @@ def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
 
 def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[SafetensorsTensor], dict[str, Any]]:
     """All tensors of a safetensors checkpoint (single file, sharded directory or index file)."""
-    p = Path(path)
-    files: list[Path]
+    p = as_location(path)
+    files: list[Any]
     info: dict[str, Any] = {}
     index = p if p.is_file() and p.name.endswith(".index.json") else p / "model.safetensors.index.json"
     if p.is_dir() or p == index:

@@ -189,7 +189,9 @@ def test_a_tensor_larger_than_the_budget_streams(fmt: str, tmp_path: Path, monke
 
         monkeypatch.setattr(ckpt, "read_tensor", read_tensor)
         writes: list[int] = []
-        opened = open
+        import dcpstudio.core.extract as extract
+
+        opened = extract.create_file
 
         class Recording:
             def __init__(self, f: Any) -> None:
@@ -208,9 +210,7 @@ def test_a_tensor_larger_than_the_budget_streams(fmt: str, tmp_path: Path, monke
             def __exit__(self, *exc: object) -> None:
                 self.f.close()
 
-        import dcpstudio.core.extract as extract
-
-        monkeypatch.setattr(extract, "open", lambda *a, **k: Recording(opened(*a, **k)), raising=False)
+        monkeypatch.setattr(extract, "create_file", lambda *a, **k: Recording(opened(*a, **k)))
         progress: list[int] = []
         export_tensor(ckpt, "w", tmp_path / f"w.{fmt}", budget=budget, progress=lambda p: progress.append(p.done_bytes))
     total = t.numel() * 2
