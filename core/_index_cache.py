@@ -45,7 +45,16 @@ def cache_dir() -> Path:
 
 
 def source_key(source: Path, kind: str) -> dict[str, Any] | None:
-    """The identity of ``source`` as the cache keys it (None when it cannot be stat'ed)."""
+    """The identity of ``source`` as the cache keys it (None when it cannot be stat'ed). A remote
+    object is known by its URL, size, modification time and ETag (None without an ETag)."""
+    if not isinstance(source, Path):
+        try:
+            st = source.stat()
+        except Exception:
+            return None
+        if not getattr(st, "etag", ""):
+            return None
+        return {"kind": kind, "path": str(source), "size": st.st_size, "mtime": st.st_mtime, "etag": st.etag}
     try:
         path = source.resolve()
         st = os.stat(path)
