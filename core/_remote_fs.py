@@ -1,0 +1,193 @@
+"""The remote stores' plumbing under :mod:`._remote`: URLs, fsspec file systems, retries, one-line
+errors and the counters of what was fetched.
+
+fsspec and the backend of each store (s3fs, gcsfs, adlfs, huggingface_hub; aiohttp for HTTP) are
+optional extras, imported when a URL is first used: a missing one is named in a one-line error.
+Credentials are each backend's business (environment, config files, instance roles); nothing here
+reads, stores or prints them, and URLs are shown without user info or query string.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import DCPStudioError
+
+__all__ = [
+    "FetchStats",
+    "RemoteError",
+    "call",
+    "count",
+    "explain",
+    "fetch_stats",
+    "filesystem",
+    "is_url",
+    "scheme",
+    "shown_url",
+    "threads",
+]
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+# scheme -> the extra that brings its backend
+_EXTRAS = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "adl": "azure",
+    "http": "http",
+    "https": "http",
+    "hf": "hf",
+}
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials or an instance role",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth application-default login` or the VM's account",
+    "azure": "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/KEY or `az login`",
+    "hf": "HF_TOKEN or `huggingface-cli login`",
+    "http": "a URL the server accepts",
+}
+
+PARALLEL = 8  # range requests in flight for one large read
+RETRIES = 4  # attempts per range request on a transient failure
+
+
+class RemoteError(DCPStudioError):
+    """A remote checkpoint could not be reached, found or read (one line, no credentials)."""
+
+
+@dataclass(frozen=True)
+class FetchStats:
+    requests: int
+    bytes: int
+
+
+_stats_lock = threading.Lock()
+_requests = 0
+_bytes = 0
+
+
+def fetch_stats() -> FetchStats:
+    """Range requests made and bytes fetched by this process so far (the window shows them)."""
+    with _stats_lock:
+        return FetchStats(_requests, _bytes)
+
+
+def count(nbytes: int) -> None:
+    global _requests, _bytes
+    with _stats_lock:
+        _requests += 1
+        _bytes += nbytes
+
+
+def is_url(value: object) -> bool:
+    """Whether ``value`` is a URL of a remote store (``file://`` is a local path)."""
+    if not isinstance(value, str):
+        return False
+    m = _SCHEME.match(value)
+    return m is not None and m.group(1).lower() != "file"
+
+
+def shown_url(url: str) -> str:
+    """``url`` without user info, query or fragment: what messages and the window show."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def scheme(url: str) -> str:
+    m = _SCHEME.match(url)
+    return m.group(1).lower() if m else ""
+
+
+def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
+    """One line for a backend's exception: what went wrong and what to do; never its credentials."""
+    label = shown_url(url)
+    kind = scheme(url)
+    extra = _EXTRAS.get(kind, kind)
+    name = type(exc).__name__
+    if isinstance(exc, RemoteError):
+        return exc
+    if isinstance(exc, ImportError):
+        return RemoteError(
+            f"{label}: {kind}:// addresses need the optional '{extra}' extra: pip install 'dcpstudio[{extra}]'"
+        )
+    if isinstance(exc, FileNotFoundError):
+        return RemoteError(f"{label}: not found")
+    if isinstance(exc, PermissionError) or "AccessDenied" in name or "Forbidden" in str(exc)[:200]:
+        return RemoteError(f"{label}: access denied; check the credentials ({_CREDENTIALS.get(extra, 'the store')})")
+    if "Credential" in name or "credential" in str(exc)[:300].lower():
+        return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
+    status = _status(exc)
+    what = f"HTTP {status}" if status else name
+    return RemoteError(f"{label}: cannot {doing} ({what}); check the address and the network, then retry")
+
+
+def _status(exc: BaseException) -> int | None:
+    for attr in ("status", "status_code", "code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    m = re.search(r"\b([45]\d\d)\b", str(exc)[:200])
+    return int(m.group(1)) if m else None
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, PermissionError, ImportError, RemoteError)):
+        return False
+    status = _status(exc)
+    return status is None or status >= 500 or status in (408, 429)
+
+
+_fs_lock = threading.Lock()
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec file system for ``url`` and the path inside it."""
+    try:
+        import fsspec.core
+
+        with _fs_lock:
+            return fsspec.core.url_to_fs(url)
+    except ValueError as e:
+        if "Protocol not known" in str(e) or "not known" in str(e):
+            raise RemoteError(f"{shown_url(url)}: unsupported kind of address ({scheme(url)}://)") from None
+        raise explain(e, url, "open") from None
+    except Exception as e:
+        raise explain(e, url, "open") from None
+
+
+def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args)`` retried on transient failures, its exceptions turned into one line."""
+    delay = 0.2
+    for attempt in range(RETRIES):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if attempt == RETRIES - 1 or not _transient(e):
+                raise explain(e, url, doing) from None
+        time.sleep(delay)
+        delay *= 2.5
+    raise AssertionError("unreachable")
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="dcpstudio-fetch")
+        return _pool
