@@ -9,12 +9,18 @@ import contextlib
 import io
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._remote_fs import RemoteError, call, count, explain, threads
 
-if TYPE_CHECKING:
-    from ._remote import RemotePath
+
+class _Where(Protocol):  # a RemotePath (above this module)
+    url: str
+    path: str
+    fs: Any
+
+    def forget(self) -> None: ...
+
 
 __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter"]
 
@@ -27,7 +33,7 @@ UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being
 class RemoteFile(io.RawIOBase):
     """A remote object read by byte range. :meth:`pread` is thread-safe (no shared position)."""
 
-    def __init__(self, where: RemotePath, size: int, label: str) -> None:
+    def __init__(self, where: _Where, size: int, label: str) -> None:
         super().__init__()
         self.where = where
         self.size = size
@@ -128,7 +134,7 @@ class RemoteWriter(io.RawIOBase):
     """A new remote object, uploaded as it is written (multipart on object stores) and published
     only by a successful close; an exception inside ``with`` discards it (aborts the upload)."""
 
-    def __init__(self, where: RemotePath) -> None:
+    def __init__(self, where: _Where) -> None:
         super().__init__()
         self.where = where
         self.name = str(where)
