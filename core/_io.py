@@ -47,7 +47,7 @@ def tensor_buffer(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
-def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
+def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str, within: tuple[int, int] | None = None) -> None:
     """Fill ``out`` from ``f`` at ``offset``; a short read means the file is truncated.
 
     Real files are read with ``preadv``, which does not move the file position, so threads may
@@ -60,8 +60,8 @@ def read_exact(f: IO[bytes], offset: int, out: memoryview, label: str) -> None:
     pos = offset
     if offset < 0:
         raise CorruptCheckpointError(f"{label}: negative data offset {offset}")
-    if isinstance(f, RemoteFile):
-        if f.pread(offset, out) < len(out):
+    if isinstance(f, RemoteFile):  # ``within``: the record read ahead in stays inside
+        if f.pread(offset, out, within) < len(out):
             raise CorruptCheckpointError(
                 f"{label}: expected {len(out)} bytes at offset {offset}, the file ends early (truncated?)"
             )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections import OrderedDict
 from typing import Any, Protocol
 
 from ._remote_fs import RemoteError, call, count, explain, threads
@@ -25,7 +24,7 @@ class _Where(Protocol):  # a RemotePath (above this module)
 __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter"]
 
 BLOCK = 256 << 10  # read-ahead unit for small reads
-CACHED_BLOCKS = 32  # per file: 8 MiB at most
+CACHED_BYTES = 8 << 20  # read-ahead spans kept per file
 PART = 8 << 20  # large reads are split into range requests of this size, fetched in parallel
 UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being written)
 
@@ -40,7 +39,8 @@ class RemoteFile(io.RawIOBase):
         self.label = label
         self.name = str(where)
         self._pos = 0
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._spans: list[tuple[int, bytes]] = []  # read-ahead spans, oldest first
+        self._cached = 0
         self._lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -80,16 +80,20 @@ class RemoteFile(io.RawIOBase):
             )
         return bytes(data)
 
-    def pread(self, offset: int, out: memoryview) -> int:
-        """Fill ``out`` with the bytes at ``offset`` (fewer at the end of the object)."""
+    def pread(self, offset: int, out: memoryview, within: tuple[int, int] | None = None) -> int:
+        """Fill ``out`` with the bytes at ``offset`` (fewer at the end of the object).
+
+        A large read is fetched exactly, in parallel parts. A small one is served from the bytes
+        already fetched or fetches a read-ahead span of :data:`BLOCK` bytes around it, kept inside
+        ``within`` (a record's range: a DCP chunk's bytes) or the object."""
         end = min(self.size, offset + len(out))
         if end <= offset:
             return 0
         n = end - offset
-        if n >= 2 * BLOCK:
+        if n >= BLOCK:
             self._read_large(offset, out[:n])
         else:
-            self._read_cached(offset, out[:n])
+            self._read_small(offset, out[:n], within)
         return n
 
     def _read_large(self, offset: int, out: memoryview) -> None:
@@ -106,28 +110,24 @@ class RemoteFile(io.RawIOBase):
         for f in [threads().submit(one, s) for s in spans]:
             f.result()
 
-    def _read_cached(self, offset: int, out: memoryview) -> None:
-        first, last = offset // BLOCK, (offset + len(out) - 1) // BLOCK
+    def _read_small(self, offset: int, out: memoryview, within: tuple[int, int] | None) -> None:
+        n = len(out)
         with self._lock:
-            have = {k: self._blocks[k] for k in range(first, last + 1) if k in self._blocks}
-        missing = [k for k in range(first, last + 1) if k not in have]
-        if missing:
-            a, b = missing[0] * BLOCK, min(self.size, (missing[-1] + 1) * BLOCK)
-            data = self._fetch(a, b)
-            for k in range(missing[0], missing[-1] + 1):
-                have[k] = data[(k - missing[0]) * BLOCK : (k - missing[0] + 1) * BLOCK]
-            with self._lock:
-                for k in missing:
-                    self._blocks[k] = have[k]
-                while len(self._blocks) > CACHED_BLOCKS:
-                    self._blocks.popitem(last=False)
-        pos = 0
-        for k in range(first, last + 1):
-            block = have[k]
-            lo = offset + pos - k * BLOCK
-            piece = block[lo : lo + len(out) - pos]
-            out[pos : pos + len(piece)] = piece
-            pos += len(piece)
+            for start, data in reversed(self._spans):
+                if start <= offset and offset + n <= start + len(data):
+                    out[:] = data[offset - start : offset - start + n]
+                    return
+        lo, hi = within if within is not None else (0, self.size)
+        lo, hi = max(0, min(lo, offset)), min(self.size, max(hi, offset + n))
+        a = max(lo, min(offset, hi - BLOCK))  # a span of BLOCK from here, moved back at the end
+        b = min(hi, max(offset + n, a + BLOCK))
+        data = self._fetch(a, b)
+        out[:] = data[offset - a : offset - a + n]
+        with self._lock:
+            self._spans.append((a, data))
+            self._cached += len(data)
+            while self._cached > CACHED_BYTES and len(self._spans) > 1:
+                self._cached -= len(self._spans.pop(0)[1])
 
 
 class RemoteWriter(io.RawIOBase):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
 from .._io import FileRange, copy_range, crc32
+from .._remote import RemoteFile
 from ..errors import CorruptCheckpointError
 
 __all__ = ["FileView", "ZipRecord", "ZipWriter", "read_zip_records"]
@@ -61,8 +62,11 @@ class FileView(io.RawIOBase):
         n = max(0, min(len(view), self._length - self._pos))
         if n == 0:
             return 0
-        self._f.seek(self._offset + self._pos)
-        got = self._f.readinto(view[:n])  # type: ignore[attr-defined]
+        if isinstance(self._f, RemoteFile):  # read ahead inside the window only
+            got = self._f.pread(self._offset + self._pos, view[:n], (self._offset, self._offset + self._length))
+        else:
+            self._f.seek(self._offset + self._pos)
+            got = self._f.readinto(view[:n])  # type: ignore[attr-defined]
         self._pos += got
         return got
 

@@ -152,8 +152,9 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | No
     """Parse one stored tensor chunk of ``fqn``: the torch.save archive at ``[offset, offset+length)``
     of ``f`` or -- in a DCP saved with ``serialization_format=SAFETENSORS`` -- the safetensors data
     that starts at ``offset`` (the file's tensors, found by name)."""
+    within = (offset, offset + length)  # a remote file reads ahead inside the chunk only
     head = bytearray(min(9, max(length, 9)))
-    read_exact(f, offset, memoryview(head), label)
+    read_exact(f, offset, memoryview(head), label, within)
     if fqn is not None and head[:2] != b"PK" and head[8:9] == b"{":
         return _safetensors_chunk(f, offset, label, fqn)
     records = read_zip_records(f, label, offset, length)
@@ -165,7 +166,7 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | No
     if not pkl.stored:
         raise UnsupportedFormatError(f"{label}: compressed tensor chunks are not supported")
     raw = bytearray(pkl.size)
-    read_exact(f, offset + pkl.data_offset, memoryview(raw), label)
+    read_exact(f, offset + pkl.data_offset, memoryview(raw), label, within)
     storages = LazyStorages()
     tensor = load_torch_pickle(raw, label, storages)
     if not isinstance(tensor, TensorRef) or tensor.storage is None:
@@ -177,7 +178,7 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | No
     big = False
     if order is not None:
         mark = bytearray(order.size)
-        read_exact(f, offset + order.data_offset, memoryview(mark), label)
+        read_exact(f, offset + order.data_offset, memoryview(mark), label, within)
         big = bytes(mark) == b"big"
     return Chunk(tensor, offset + rec.data_offset, rec.stored, big, rec.name, rec.size, rec.crc)
 

@@ -46,7 +46,7 @@ from .._files import file_size, member_path, open_member, read_regular
 from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
 from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
 from .._pipeline import prefetch
-from .._remote import as_location
+from .._remote import as_location, is_url
 from .._stand_ins import get_layout
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
@@ -121,9 +121,15 @@ class DCPReader(FileSystemReader):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, trust_pickle: bool = False) -> None:
-        super().__init__(path)
+        super().__init__("." if is_url(path) else path)
+        self.path: Any = as_location(path)  # torch's file system would turn "s3://b/x" into "s3:/b/x"
         self.trust_pickle = trust_pickle
         self.bytes_read = 0
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        super().reset(None)
+        if checkpoint_id is not None:
+            self.path = as_location(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         md = read_metadata(self.path, trust_pickle=self.trust_pickle)
@@ -142,8 +148,8 @@ class DCPReader(FileSystemReader):
             info = self._info(item)
             per_file.setdefault(info.relative_path, []).append(item)
         for relative_path, items in per_file.items():
-            path = as_location(self.path) / relative_path
-            with open_member(as_location(self.path), relative_path, "DCP data file") as f:
+            path = self.path / relative_path
+            with open_member(self.path, relative_path, "DCP data file") as f:
                 for item in sorted(items, key=lambda i: self._info(i).offset):
                     self._read_item(cast(IO[bytes], f), path, item, planner)
         fut: Future[None] = Future()
