@@ -81,10 +81,10 @@ def fetch_stats() -> FetchStats:
         return FetchStats(_requests, _bytes)
 
 
-def count(nbytes: int) -> None:
+def count(nbytes: int, requests: int = 1) -> None:
     global _requests, _bytes
     with _stats_lock:
-        _requests += 1
+        _requests += requests
         _bytes += nbytes
 
 
@@ -142,7 +142,7 @@ def _status(exc: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _transient(exc: BaseException) -> bool:
+def transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, ImportError, RemoteError)):
         return False
     status = _status(exc)
@@ -174,7 +174,7 @@ def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if attempt == RETRIES - 1 or not _transient(e):
+            if attempt == RETRIES - 1 or not transient(e):
                 raise explain(e, url, doing) from None
         time.sleep(delay)
         delay *= 2.5

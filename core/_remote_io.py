@@ -11,6 +11,7 @@ import threading
 from typing import Any, Protocol
 
 from ._remote_fs import RemoteError, call, count, explain, threads
+from ._remote_stream import Stream
 
 
 class _Where(Protocol):  # a RemotePath (above this module)
@@ -26,6 +27,7 @@ __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter"]
 BLOCK = 256 << 10  # read-ahead unit for small reads
 CACHED_BYTES = 8 << 20  # read-ahead spans kept per file
 PART = 8 << 20  # large reads are split into range requests of this size, fetched in parallel
+SEQUENTIAL_GAP = 1 << 20  # a large read starting this close after the last one streams
 UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being written)
 
 
@@ -42,6 +44,9 @@ class RemoteFile(io.RawIOBase):
         self._spans: list[tuple[int, bytes]] = []  # read-ahead spans, oldest first
         self._cached = 0
         self._lock = threading.Lock()
+        self._stream: Stream | None = None  # serving a run of sequential reads
+        self._stream_lock = threading.Lock()
+        self._last_end = -1  # where the last large read ended
 
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a remote object has no file descriptor")
@@ -90,11 +95,37 @@ class RemoteFile(io.RawIOBase):
         if end <= offset:
             return 0
         n = end - offset
+        if self._streamed(offset, out[:n]):
+            return n
         if n >= BLOCK:
             self._read_large(offset, out[:n])
+            self._last_end = end
         else:
             self._read_small(offset, out[:n], within)
         return n
+
+    def _streamed(self, offset: int, out: memoryview) -> bool:
+        """Serve the read from the stream when it lies in its window; start a stream for a large
+        read that continues the previous one (a conversion reading records in order)."""
+        n = len(out)
+        with self._stream_lock:
+            if self._stream is not None and self._stream.serves(offset, n):
+                return self._stream.read(offset, out)
+            if n < BLOCK or not 0 <= offset - self._last_end <= SEQUENTIAL_GAP or self.size - offset < 2 * PART:
+                return False
+            if self._stream is not None:
+                self._stream.close()
+            w = self.where
+            self._stream = Stream(w.fs, w.path, w.url, self.label, offset, self.size)
+            self._last_end = offset + n
+            return self._stream.read(offset, out)
+
+    def close(self) -> None:
+        with self._stream_lock:
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
+        super().close()
 
     def _read_large(self, offset: int, out: memoryview) -> None:
         n = len(out)

@@ -14,7 +14,6 @@ import os
 import struct
 import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
 from .._io import FileRange, copy_range, crc32
@@ -57,6 +56,13 @@ class FileView(io.RawIOBase):
         self._pos = max(0, base + pos)
         return self._pos
 
+    def pread_exact(self, pos: int, out: bytearray) -> int:
+        """Read ``out`` at ``pos`` of the window by one exact request (a remote file's record
+        header: no read-ahead into the tensor bytes after it); 0 if it does not fit."""
+        if pos + len(out) > self._length or not isinstance(self._f, RemoteFile):
+            return 0
+        return self._f.pread(self._offset + pos, memoryview(out), (self._offset + pos, self._offset + pos + len(out)))
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self._length - self._pos))
@@ -71,15 +77,25 @@ class FileView(io.RawIOBase):
         return got
 
 
-@dataclass(frozen=True)
 class ZipRecord:
-    """Where one record's bytes are, relative to the start of the archive."""
+    """Where one record's bytes are, relative to the start of the archive. The data offset comes
+    from the record's local header; for a remote archive that header is read when first needed
+    (opening a 2 GiB torch.save file reads its directory and ``data.pkl``, not 100 headers)."""
 
-    name: str
-    data_offset: int
-    size: int
-    stored: bool  # False when compressed: read it through zipfile instead of in place
-    crc: int
+    __slots__ = ("_locate", "_offset", "crc", "name", "size", "stored")
+
+    def __init__(
+        self, name: str, data_offset: int | None, size: int, stored: bool, crc: int, locate: Any = None
+    ) -> None:
+        self.name, self.size, self.crc = name, size, crc
+        self.stored = stored  # False when compressed: read it through zipfile instead of in place
+        self._offset, self._locate = data_offset, locate
+
+    @property
+    def data_offset(self) -> int:
+        if self._offset is None:
+            self._offset = self._locate()
+        return self._offset
 
 
 def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | None = None) -> dict[str, ZipRecord]:
@@ -104,18 +120,29 @@ def read_zip_records(f: IO[bytes], label: str, offset: int = 0, length: int | No
         UnicodeDecodeError,
     ) as e:
         raise CorruptCheckpointError(f"{label}: not a readable ZIP archive ({e}); the file may be truncated") from e
-    records = {}
-    for info in infos:
-        view.seek(info.header_offset)
-        head = view.read(_LOCAL.size)
-        if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":
+
+    def locate(info: zipfile.ZipInfo) -> int:
+        head = bytearray(_LOCAL.size)
+        got = view.pread_exact(info.header_offset, head) if isinstance(f, RemoteFile) else 0
+        if not got:
+            view.seek(info.header_offset)
+            got = view.readinto(head)
+        if got != _LOCAL.size or head[:4] != b"PK\x03\x04":
             raise CorruptCheckpointError(f"{label}: record {info.filename} has a damaged header")
         fields = _LOCAL.unpack(head)
         data_offset = info.header_offset + _LOCAL.size + fields[9] + fields[10]
         if data_offset + info.compress_size > length:
             raise CorruptCheckpointError(f"{label}: record {info.filename} runs past the end of the file (truncated?)")
+        return int(data_offset)
+
+    lazy = isinstance(f, RemoteFile)
+    records = {}
+    for info in infos:
         stored = info.compress_type == zipfile.ZIP_STORED
-        records[info.filename] = ZipRecord(info.filename, data_offset, info.file_size, stored, info.CRC)
+        where = None if lazy else locate(info)
+        records[info.filename] = ZipRecord(
+            info.filename, where, info.file_size, stored, info.CRC, (lambda i=info: locate(i)) if lazy else None
+        )
     return records
 
 

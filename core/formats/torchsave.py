@@ -35,7 +35,7 @@ from .._remote import RemotePath, as_location
 from .._tree import check_depth
 from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
-from ._zip import ZipWriter, read_zip_records
+from ._zip import ZipRecord, ZipWriter, read_zip_records
 
 __all__ = ["TorchSaveFile", "TorchSaveWriter", "archive_name", "swap_bytes", "write_archive", "write_tensor_archive"]
 
@@ -68,7 +68,7 @@ class TorchSaveFile:
         self._local = isinstance(self.path, Path)
         self.label = label or str(path)
         self.storages = LazyStorages(self)
-        self._locations: dict[str, tuple[int, int, int | None]] = {}  # offset, size, CRC
+        self._locations: dict[str, tuple[int, int, int | None] | ZipRecord] = {}  # offset, size, CRC
         self._compressed: dict[str, str] = {}
         self._big_endian = False
         self._cache: tuple[str, memoryview] | None = None
@@ -116,7 +116,7 @@ class TorchSaveFile:
                 raise CorruptCheckpointError(
                     f"{self.label}: storage record data/{key} holds {rec.size} bytes, needs {ref.nbytes}"
                 )
-            self._locations[key] = (rec.data_offset, rec.size, rec.crc)
+            self._locations[key] = rec  # where its bytes start: known when first needed
             if not rec.stored:
                 self._compressed[key] = rec.name
         return obj
@@ -184,8 +184,12 @@ class TorchSaveFile:
 
     def location(self, ref: StorageRef) -> tuple[int, int]:
         """Byte offset and length of a storage's record in the file."""
-        offset, size, _crc = self._locations[self._own(ref).key]
+        offset, size, _crc = self._where(self._own(ref).key)
         return offset, size
+
+    def _where(self, key: str) -> tuple[int, int, int | None]:
+        loc = self._locations[key]
+        return (loc.data_offset, loc.size, loc.crc) if isinstance(loc, ZipRecord) else loc
 
     def in_place(self, ref: StorageRef) -> bool:
         """Whether the storage's bytes lie in the file as they are (stored, native byte order)."""
@@ -195,7 +199,7 @@ class TorchSaveFile:
         """The storage's bytes in the file (CRC set when the record holds exactly them)."""
         if not self.in_place(self._own(ref)) or self.path is None:
             return None
-        offset, size, crc = self._locations[ref.key]
+        offset, size, crc = self._where(ref.key)
         return FileRange(source_of(self._f), offset, ref.nbytes, crc if size == ref.nbytes else None)
 
     def view_range(self, t: TensorRef) -> FileRange | None:
@@ -231,7 +235,7 @@ class TorchSaveFile:
             except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
                 raise CorruptCheckpointError(f"{self.label}: cannot read storage {ref.key} ({e})") from e
         else:
-            read_exact(self._f, self._locations[ref.key][0], memoryview(buf), self.label)
+            read_exact(self._f, self._where(ref.key)[0], memoryview(buf), self.label)
         if self._big_endian:
             buf = swap_bytes(buf, ref.dtype)
         out = memoryview(buf)
