@@ -10,7 +10,7 @@ import errno
 import io
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -111,6 +111,13 @@ class FileRange:
     offset: int
     nbytes: int
     crc: int | None = None
+    # Added to ``offset`` when the copy starts: a remote record's header is read then, in order
+    # with the bytes before it, rather than by a request of its own ahead of time.
+    base: Callable[[], int] | None = None
+
+    def start(self) -> int:
+        """Where the bytes start in the file."""
+        return self.offset + (self.base() if self.base is not None else 0)
 
 
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP, errno.EBADF}
@@ -136,9 +143,10 @@ def copy_range(src: FileRange, dst: IO[bytes], label: str) -> None:
             raise CorruptCheckpointError(f"{label}: the file ends early (truncated?)")
         return buf
 
-    end = src.offset + src.nbytes
+    first = src.start()
+    end = first + src.nbytes
     with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-copy") as reader:
-        pos = src.offset
+        pos = first
         ahead = reader.submit(read, pos, min(_PIECE, end - pos)) if end > pos else None
         while ahead is not None:
             buf = ahead.result()
@@ -171,7 +179,7 @@ def pread_into(src: int | RemoteFile, out: memoryview, offset: int) -> int:
 
 
 def _kernel_copy(src: FileRange, dst_fd: int, label: str) -> None:
-    offset, left = src.offset, src.nbytes
+    offset, left = src.start(), src.nbytes
     kernel = hasattr(os, "copy_file_range")
     while left:
         if kernel:

@@ -61,12 +61,12 @@ def tensor_bytes(t: TensorRef, *, need_crc: bool, cast: DType | None = None) -> 
         where = ref.archive.storage_range(ref)
         if where is not None:
             whole = t.covers_storage()
-            span = FileRange(where.fd, where.offset + t.byte_offset, t.nbytes, where.crc if whole else None)
+            span = FileRange(where.fd, where.offset + t.byte_offset, t.nbytes, where.crc if whole else None, where.base)
             if not need_crc or span.crc is not None:
                 return span
             data = bytearray(span.nbytes)
             view = memoryview(data)
-            if pread_into(span.fd, view, span.offset) < span.nbytes:
+            if pread_into(span.fd, view, span.start()) < span.nbytes:
                 raise CorruptCheckpointError(f"{ref.archive.label}: storage {ref.key} ends early (truncated?)")
             return view, crc32(view)
         raw = ref.archive.storage_bytes(ref)[t.byte_offset : t.byte_offset + t.nbytes]

@@ -136,7 +136,7 @@ class TorchCheckpoint(Checkpoint):
         if where is not None and order is not None:
             box = read_box(
                 file.file,
-                where.offset + ref.byte_offset,
+                where.start() + ref.byte_offset,
                 [ref.shape[d] for d in order],
                 ref.dtype,
                 [offsets[d] for d in order],
@@ -157,7 +157,7 @@ class TorchCheckpoint(Checkpoint):
         ref = self.tensor_ref(fqn)
         file = self._file_of[fqn]
         where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
-        return (file, where.offset + ref.byte_offset) if where is not None and ref.is_contiguous() else None
+        return (file, where.start() + ref.byte_offset) if where is not None and ref.is_contiguous() else None
 
     def reads_in_place(self, fqn: str) -> bool:
         return self.entry(fqn).kind == "tensor" and self._in_place(fqn) is not None

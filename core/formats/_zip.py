@@ -92,6 +92,10 @@ class ZipRecord:
         self._offset, self._locate = data_offset, locate
 
     @property
+    def unresolved(self) -> bool:
+        return self._offset is None
+
+    @property
     def data_offset(self) -> int:
         if self._offset is None:
             self._offset = self._locate()

@@ -199,6 +199,10 @@ class TorchSaveFile:
         """The storage's bytes in the file (CRC set when the record holds exactly them)."""
         if not self.in_place(self._own(ref)) or self.path is None:
             return None
+        loc = self._locations[ref.key]
+        if isinstance(loc, ZipRecord) and loc.unresolved:  # a remote record: its header read at copy time
+            crc = loc.crc if loc.size == ref.nbytes else None
+            return FileRange(source_of(self._f), 0, ref.nbytes, crc, base=lambda: loc.data_offset)
         offset, size, crc = self._where(ref.key)
         return FileRange(source_of(self._f), offset, ref.nbytes, crc if size == ref.nbytes else None)
 
@@ -213,7 +217,7 @@ class TorchSaveFile:
             return None
         if t.covers_storage():
             return whole
-        return FileRange(whole.fd, whole.offset + t.byte_offset, t.nbytes)
+        return FileRange(whole.fd, whole.offset + t.byte_offset, t.nbytes, base=whole.base)
 
     # -- reading -------------------------------------------------------------------------------
     def storage_bytes(self, ref: StorageRef) -> memoryview:
