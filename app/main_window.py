@@ -29,6 +29,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu, QMessageB
 from dcpstudio.core import Checkpoint, Node, UnsafePickleError, open_checkpoint, stop_index_children
 from dcpstudio.core.model import printable
 
+from . import startup
 from .context import Context
 from .jobs import JobBoard
 from .menus import build_menus, entry_menu
@@ -275,44 +276,10 @@ class MainWindow(QMainWindow):
 
     # -- start-up ----------------------------------------------------------------------------------
     def load_torch_in_background(self) -> Job:
-        """Import PyTorch and its DCP package (seconds of CPU) on a worker thread while the window is
-        already in use: browsing, opening any checkpoint and converting need none of it. Previews,
-        statistics, verify and multi-rank load import it when they run; a worker that gets there
-        first waits for this import, never the GUI thread."""
-        self.torch_status.setText("Loading PyTorch…")
-
-        def work(progress: Any, cancel: Any) -> str:
-            import torch
-            import torch.distributed.checkpoint
-
-            import dcpstudio.core.formats.dcp_storage  # noqa: F401
-
-            return str(torch.__version__)
-
-        def done(version: str) -> None:
-            self.torch_status.setText("")
-            self.torch_status.setToolTip(f"PyTorch {version}")
-
-        job = self.board.start("torch", work, done)
-        job.errored.connect(lambda e: self.torch_status.setText("PyTorch failed to load"))
-        return job
+        return startup.load_torch_in_background(self.board, self.torch_status)
 
     def open_demo(self) -> Job:
-        """Write the demo checkpoints (a worker job), then open the DCP one, shown in the browser."""
-        self.activity.setText("Writing the demo checkpoints…")
-
-        def work(progress: Any, cancel: Any) -> tuple[Path, Path]:
-            from dcpstudio.core.demo import write_demo
-
-            return write_demo()
-
-        def done(paths: tuple[Path, Path]) -> None:
-            pt, dcp_dir = paths
-            self.settings.add_recent(pt)
-            self.browser.set_root(str(dcp_dir.parent))
-            self.open_path(dcp_dir)
-
-        return self.board.start("demo", work, done, lambda: self.activity.setText(""))
+        return startup.open_demo(self.board, self.activity, self.settings, self.browser, self.open_path)
 
     # -- opening -----------------------------------------------------------------------------------
     _pending_open: Path | None = None
