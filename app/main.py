@@ -42,7 +42,7 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
     if demo:
         window.open_demo()
     elif paths:
-        window.open_path(Path(paths[0]))
+        window.open_path(paths[0])  # a path or a URL
     return window
 
 

@@ -29,18 +29,22 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu, QMessageB
 from dcpstudio.core import Checkpoint, Node, UnsafePickleError, open_checkpoint, stop_index_children
 from dcpstudio.core.model import printable
 
+from . import startup
 from .context import Context
 from .jobs import JobBoard
+from .locations import Location, accept_copy, dropped_locations, is_remote, location, name_of, shown
 from .menus import build_menus, entry_menu
 from .notify import Notifier
 from .settings import Settings
 from .tree_filter import TreeIndex
 from .widgets.compare_view import CompareView
-from .widgets.convert_panel import ConvertPanel, accept_copy, dropped_paths, suggest_destination
+from .widgets.convert_panel import ConvertPanel, suggest_destination
 from .widgets.details import DetailsPanel
 from .widgets.file_browser import FileBrowser
 from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
+from .widgets.open_url import OpenUrlDialog
+from .widgets.remote_status import RemoteStatus
 from .widgets.tree_pane import TreePane
 from .widgets.value_explorer import ValueExplorer
 from .workers import Job
@@ -114,6 +118,8 @@ class MainWindow(QMainWindow):
         status = self.statusBar()
         status.setSizeGripEnabled(True)
         status.addWidget(self.message_bar, 1)
+        self.remote_status = RemoteStatus()
+        status.addPermanentWidget(self.remote_status)
         status.addPermanentWidget(self.activity)
         status.addPermanentWidget(self.torch_status)
         self.menu_actions = build_menus(self)
@@ -135,8 +141,9 @@ class MainWindow(QMainWindow):
             self.resize(min(self.width(), screen.width()), min(self.height(), screen.height()))
 
     # -- dialogs (overridable) ----------------------------------------------------------------------
-    def choose_destination(self, target: str, src: Path) -> Path | None:
-        return self.save_path(f"Convert {src.name}", suggest_destination(target, src), "")
+    def choose_destination(self, target: str, src: Location) -> Path | None:
+        suggestion = suggest_destination(target, src, self.settings.last_dir())
+        return self.save_path(f"Convert {name_of(src)}", suggestion, "")
 
     def save_path(self, title: str, suggestion: Path, filters: str) -> Path | None:
         """Ask where to write (the caller asks before replacing: the dialog does not)."""
@@ -153,6 +160,10 @@ class MainWindow(QMainWindow):
             path, _ = QFileDialog.getOpenFileName(self, title, start)
         return Path(path) if path else None
 
+    def ask_url(self) -> str | None:
+        dialog = OpenUrlDialog(self.settings.recent_urls(), self)
+        return dialog.url() if dialog.exec() == OpenUrlDialog.DialogCode.Accepted else None
+
     def confirm(self, text: str) -> bool:
         answer = QMessageBox.question(self, "DCP Studio", text)
         return answer == QMessageBox.StandardButton.Yes
@@ -168,11 +179,23 @@ class MainWindow(QMainWindow):
         if path is not None:
             self.open_path(path)
 
+    def ask_open_url(self) -> None:
+        url = self.ask_url()
+        if url:
+            self.open_path(url)
+
     def fill_recent(self) -> None:
+        """Recent files, then recent URLs."""
         self.recent_menu.clear()
+        urls = self.settings.recent_urls()
         for path in self.settings.recent():
             action = self.recent_menu.addAction(printable(path))
             action.triggered.connect(lambda _=False, p=path: self.open_path(Path(p)))
+        if urls and not self.recent_menu.isEmpty():
+            self.recent_menu.addSeparator()
+        for url in urls:
+            action = self.recent_menu.addAction(printable(url))
+            action.triggered.connect(lambda _=False, u=url: self.open_path(u))
 
     def show_view(self, index: int) -> None:
         self.views.setCurrentIndex(index)
@@ -242,6 +265,9 @@ class MainWindow(QMainWindow):
         """Open the folder holding the entry's data (the checkpoint's folder for a group)."""
         if self.ckpt is None:
             return
+        if is_remote(self.ckpt.path):
+            self.notifier.info(f"{shown(self.ckpt.path)} is in a remote store: no file manager shows it.")
+            return
         folder = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
         if node.entry is not None and node.entry.kind == "tensor":
             files = [c.file for c in self.ckpt.chunks(node.entry.fqn) if c.file]
@@ -260,7 +286,9 @@ class MainWindow(QMainWindow):
         if "cancel" in self.menu_actions:
             self.menu_actions["cancel"].setEnabled(bool(running))
         busy = "open" in self.jobs and self.jobs["open"].running
-        self.activity.setText(f"Opening {printable(self._pending_open.name)}…" if busy and self._pending_open else "")
+        self.activity.setText(
+            f"Opening {printable(name_of(self._pending_open))}…" if busy and self._pending_open else ""
+        )
 
     def _job_failed(self, kind: str, exc: BaseException, job: Job) -> None:
         if job.token.cancelled:
@@ -275,50 +303,18 @@ class MainWindow(QMainWindow):
 
     # -- start-up ----------------------------------------------------------------------------------
     def load_torch_in_background(self) -> Job:
-        """Import PyTorch and its DCP package (seconds of CPU) on a worker thread while the window is
-        already in use: browsing, opening any checkpoint and converting need none of it. Previews,
-        statistics, verify and multi-rank load import it when they run; a worker that gets there
-        first waits for this import, never the GUI thread."""
-        self.torch_status.setText("Loading PyTorch…")
-
-        def work(progress: Any, cancel: Any) -> str:
-            import torch
-            import torch.distributed.checkpoint
-
-            import dcpstudio.core.formats.dcp_storage  # noqa: F401
-
-            return str(torch.__version__)
-
-        def done(version: str) -> None:
-            self.torch_status.setText("")
-            self.torch_status.setToolTip(f"PyTorch {version}")
-
-        job = self.board.start("torch", work, done)
-        job.errored.connect(lambda e: self.torch_status.setText("PyTorch failed to load"))
-        return job
+        return startup.load_torch_in_background(self.board, self.torch_status)
 
     def open_demo(self) -> Job:
-        """Write the demo checkpoints (a worker job), then open the DCP one, shown in the browser."""
-        self.activity.setText("Writing the demo checkpoints…")
-
-        def work(progress: Any, cancel: Any) -> tuple[Path, Path]:
-            from dcpstudio.core.demo import write_demo
-
-            return write_demo()
-
-        def done(paths: tuple[Path, Path]) -> None:
-            pt, dcp_dir = paths
-            self.settings.add_recent(pt)
-            self.browser.set_root(str(dcp_dir.parent))
-            self.open_path(dcp_dir)
-
-        return self.board.start("demo", work, done, lambda: self.activity.setText(""))
+        return startup.open_demo(self.board, self.activity, self.settings, self.browser, self.open_path)
 
     # -- opening -----------------------------------------------------------------------------------
-    _pending_open: Path | None = None
+    _pending_open: Location | None = None
 
-    def open_path(self, path: Path, *, trust_pickle: bool = False) -> None:
-        path = Path(path)
+    def open_path(self, path: object, *, trust_pickle: bool = False) -> None:
+        """Open a local path, or a URL (a string or a RemotePath): read on a worker, which is the
+        only place that may wait for the network."""
+        path = location(path)
         self._pending_open = path
 
         def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex]:
@@ -342,9 +338,15 @@ class MainWindow(QMainWindow):
         self.details.show_summary(ckpt, self.tree_pane.model.tree.by_kind if self.tree_pane.model else None)
         self.views.setCurrentWidget(self.details)
         self.panel.keep_for(ckpt.path)
-        self.settings.add_recent(ckpt.path)
-        self.browser.reveal(ckpt.path, expand=ckpt.path.is_dir())
-        self.setWindowTitle(f"DCP Studio — {printable(ckpt.path.name)}")
+        if is_remote(ckpt.path):  # the file browser shows local folders; the status bar says where
+            url = location(ckpt.path)
+            self.settings.add_recent_url(str(url))
+            self.remote_status.show_for(shown(url))
+        else:
+            self.settings.add_recent(ckpt.path)
+            self.browser.reveal(ckpt.path, expand=ckpt.path.is_dir())
+            self.remote_status.show_for(None)
+        self.setWindowTitle(f"DCP Studio — {printable(name_of(ckpt.path))}")
         self.message_bar.clear()
 
     # -- selection ---------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ class MainWindow(QMainWindow):
     def _selection_changed(self) -> None:
         self.details.show_selection(self.ckpt, self.selected_node())
 
-    # -- drag and drop: always a copy; the dropped file is opened -------------------------------------
+    # -- drag and drop: always a copy; the dropped file or URL is opened ------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         accept_copy(event)
 
@@ -367,7 +369,7 @@ class MainWindow(QMainWindow):
 
     def dropEvent(self, event: QDropEvent) -> None:
         if accept_copy(event):
-            self.open_path(dropped_paths(event)[0])
+            self.open_path(dropped_locations(event)[0])
 
     # -- closing -----------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:

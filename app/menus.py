@@ -17,6 +17,7 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
 
+from .locations import is_remote
 from .widgets.convert_panel import TARGETS
 
 __all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_readme"]
@@ -46,6 +47,14 @@ def build_menus(w: Any) -> dict[str, QAction]:
     file = bar.addMenu("&File")
     add(file, "open", "Open &File…", w.ask_open_file, QKeySequence.StandardKey.Open)
     add(file, "open_dir", "Open &Directory…", w.ask_open_dir, "Ctrl+Shift+O")
+    add(
+        file,
+        "open_url",
+        "Open &URL…",
+        w.ask_open_url,
+        "Ctrl+L",
+        "Open a checkpoint in S3, GCS, Azure, over HTTP or on the Hub",
+    )
     w.recent_menu = file.addMenu("Open &Recent")
     w.recent_menu.aboutToShow.connect(w.fill_recent)
     file.addSeparator()
@@ -88,7 +97,7 @@ def build_menus(w: Any) -> dict[str, QAction]:
         "Compare the last conversion's source and result",
     )
     add(convert, "open_result", "Open &Result", w.panel.open_result, "Ctrl+Shift+R")
-    add(convert, "load", "&Load on Ranks…", w.show_load, "Ctrl+L")
+    add(convert, "load", "&Load on Ranks…", w.show_load, "Ctrl+Shift+L")
     convert.addSeparator()
     cancel = add(convert, "cancel", "Ca&ncel", w.cancel_work, Qt.Key.Key_Escape, "Stop the running operation")
     cancel.setEnabled(False)
@@ -116,7 +125,11 @@ def entry_menu(w: Any, node: Any) -> QMenu:
             menu, "Filter to this group" if entry is None else "Filter to this name", lambda: w.filter_to(node.path)
         )
     )
-    menu.addAction(_action(menu, "Show in file manager", lambda: w.show_in_file_manager(node)))
+    reveal = _action(menu, "Show in file manager", lambda: w.show_in_file_manager(node))
+    if w.ckpt is not None and is_remote(w.ckpt.path):
+        reveal.setText("Show in file manager (not for a checkpoint in a remote store)")
+        reveal.setEnabled(False)
+    menu.addAction(reveal)
     return menu
 
 

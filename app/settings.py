@@ -1,4 +1,8 @@
-"""What the window remembers between runs: recent files, geometry, the last directory."""
+"""What the window remembers between runs: recent files and URLs, geometry, the last directory.
+
+A recent URL is kept as the window shows it, without user info or query string: credentials and
+signed-URL tokens are never written to the settings file.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
+
+from .locations import without_secrets
 
 __all__ = ["Settings"]
 
@@ -16,15 +22,27 @@ class Settings:
     def __init__(self) -> None:
         self._s = QSettings("DCPStudio", "DCPStudio")
 
-    def recent(self) -> list[str]:
-        value: Any = self._s.value("recent", [])
+    def _list(self, key: str) -> list[str]:
+        value: Any = self._s.value(key, [])
         items = [value] if isinstance(value, str) else list(value or [])
         return [str(v) for v in items]
 
+    def _push(self, key: str, item: str) -> None:
+        self._s.setValue(key, ([item] + [p for p in self._list(key) if p != item])[:_MAX_RECENT])
+
+    def recent(self) -> list[str]:
+        return self._list("recent")
+
     def add_recent(self, path: Path) -> None:
-        items = [str(path)] + [p for p in self.recent() if p != str(path)]
-        self._s.setValue("recent", items[:_MAX_RECENT])
+        self._push("recent", str(path))
         self._s.setValue("last_dir", str(path.parent))
+
+    def recent_urls(self) -> list[str]:
+        """Remote checkpoints opened lately, most recent first."""
+        return self._list("recent_urls")
+
+    def add_recent_url(self, url: str) -> None:
+        self._push("recent_urls", without_secrets(url))
 
     def last_dir(self) -> str:
         return str(self._s.value("last_dir", str(Path.home())))

@@ -34,9 +34,9 @@ from dcpstudio.core.slices import SliceSpec, read_window
 
 from ..compare_model import HIDDEN_AT_FIRST, ROW_ROLE, CompareModel, CompareProxy
 from ..context import Context
+from ..locations import accept_copy, dropped_locations, is_remote, name_of, shown
 from ..value_model import format_value
 from ..workers import Job
-from .convert_panel import accept_copy, dropped_paths
 
 __all__ = ["CompareView", "side_values"]
 
@@ -194,7 +194,7 @@ class CompareView(QWidget):
 
     def dropEvent(self, event: QDropEvent) -> None:
         if accept_copy(event):
-            self.b_path.setText(str(dropped_paths(event)[0]))
+            self.b_path.setText(str(dropped_locations(event)[0]))
             self.run()
 
     def close_b(self) -> None:
@@ -222,7 +222,7 @@ class CompareView(QWidget):
         self.close_b()
         self.model.clear()
         self.summary.setText("")
-        self.a_label.setText(f"A: {ckpt.path}" if ckpt is not None else "A: the open checkpoint")
+        self.a_label.setText(f"A: {shown(ckpt.path)}" if ckpt is not None else "A: the open checkpoint")
         for t in (self.a_values, self.b_values):
             t.setRowCount(0)
             t.setColumnCount(0)
@@ -246,9 +246,9 @@ class CompareView(QWidget):
         except ValueError:
             self.ctx.notifier.info("Tolerances are numbers ≥ 0, e.g. rtol 1e-3, atol 1e-6.")
             return None
-        b = Path(text).expanduser()
+        b = text if is_remote(text) else Path(text).expanduser()  # a URL is opened by the worker
         self.model.clear()
-        self.summary.setText(f"Comparing with {b.name}…")
+        self.summary.setText(f"Comparing with {name_of(b)}…")
         self._set_busy(True)
         self.ctx.board.cancel("compare-values")
         self.close_b()

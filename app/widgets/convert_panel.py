@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
@@ -29,9 +29,10 @@ from dcpstudio.core.convert import parse_size
 from dcpstudio.core.report import diff_text, human_bytes
 
 from ..context import Context
+from ..locations import Location, accept_copy, dropped_locations, is_remote, location, name_of
 from ..workers import Job
 
-__all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "accept_copy", "dropped_paths", "suggest_destination"]
+__all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "suggest_destination"]
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
 REPORT_HEIGHT = 76  # a long report scrolls inside the box; the window never grows
@@ -39,35 +40,35 @@ SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
 _KINDS = ("convert", "verify")
 
 
-def dropped_paths(event: QDropEvent | QDragEnterEvent | QDragMoveEvent) -> list[Path]:
-    mime = event.mimeData()
-    return [Path(u.toLocalFile()) for u in mime.urls() if u.isLocalFile()] if mime.hasUrls() else []
-
-
-def accept_copy(event: QDropEvent | QDragEnterEvent | QDragMoveEvent) -> bool:
-    """Accept a drag of local files as a *copy*: the source (a file manager) must never delete the
-    user's file because we took it as a move."""
-    if not dropped_paths(event) or not (event.possibleActions() & Qt.DropAction.CopyAction):
-        event.ignore()
-        return False
-    event.setDropAction(Qt.DropAction.CopyAction)
-    event.accept()
-    return True
-
-
-def suggest_destination(target: str, src: Path) -> Path:
-    """A free name beside ``src`` for its conversion to ``target`` (never ``src`` itself)."""
-    stem = src.name.split(".")[0] if src.is_file() else src.name
-    candidate = src.parent / (stem + SUFFIX[target])
+def suggest_destination(target: str, src: Location, local_dir: str | None = None) -> Path:
+    """A free name beside ``src`` for its conversion to ``target`` (never ``src`` itself). A remote
+    source gets a local name, in ``local_dir`` (the last local folder; home when not given): the
+    store is not asked anything, and a download is what converting from it usually means."""
+    if is_remote(src):
+        name = name_of(src)
+        stem = name.split(".")[0] or name or "checkpoint"
+        folder = Path(local_dir).expanduser() if local_dir else Path.home()
+    else:
+        src = Path(src)
+        stem = src.name.split(".")[0] if src.is_file() else src.name
+        folder = src.parent
+    candidate = folder / (stem + SUFFIX[target])
     n = 1
     while candidate.exists() or candidate == src:
-        candidate = src.parent / f"{stem}-{n}{SUFFIX[target]}"
+        candidate = folder / f"{stem}-{n}{SUFFIX[target]}"
         n += 1
     return candidate
 
 
+def _same(a: object, b: object) -> bool:
+    """Whether two locations are the same checkpoint (a URL is never a local path)."""
+    if is_remote(a) or is_remote(b):
+        return location(a) == location(b)
+    return Path(a).resolve() == Path(b).resolve()  # type: ignore[arg-type]
+
+
 class DropButton(QPushButton):
-    """A button that also takes a dropped file or directory (``dropped(path)``)."""
+    """A button that also takes a dropped file, directory or URL (``dropped(location)``)."""
 
     dropped = Signal(object)
 
@@ -83,7 +84,7 @@ class DropButton(QPushButton):
 
     def dropEvent(self, event: QDropEvent) -> None:
         if accept_copy(event):
-            self.dropped.emit(dropped_paths(event)[0])
+            self.dropped.emit(dropped_locations(event)[0])
 
 
 def _tolerance(box: QLineEdit, name: str) -> float:
@@ -215,10 +216,10 @@ class ConvertPanel(QWidget):
         self.report.clear()
         self.set_busy(False)
 
-    def keep_for(self, path: Path) -> None:
+    def keep_for(self, path: object) -> None:
         """A checkpoint was opened: keep the outcome if it concerns ``path`` (its source or result)."""
         r = self.last_result
-        if r is None or Path(path).resolve() not in (r.src.resolve(), r.dst.resolve()):
+        if r is None or not (_same(path, r.src) or _same(path, r.dst)):
             self.reset()
 
     def options(self, target: str) -> dict[str, object]:
@@ -237,12 +238,16 @@ class ConvertPanel(QWidget):
         return opts
 
     # -- converting -----------------------------------------------------------------------------------
-    def _ask_destination(self, target: str, src: Path) -> Path | None:
-        return self.ctx.save_path(f"Convert {src.name} to {TARGETS[target][2:]}", suggest_destination(target, src), "")
+    def _ask_destination(self, target: str, src: Location) -> Path | None:
+        suggestion = suggest_destination(target, src, self.ctx.settings.last_dir())
+        return self.ctx.save_path(f"Convert {name_of(src)} to {TARGETS[target][2:]}", suggestion, "")
 
-    def convert(self, target: str, src: Path | None = None, dst: Path | None = None) -> Job | None:
+    def convert(self, target: str, src: object = None, dst: object = None) -> Job | None:
+        """Convert ``src`` (default: the open checkpoint; a path or a URL) to ``target`` at ``dst``
+        (default: asked). A remote destination is not asked about on the GUI thread: if something
+        is there already, the conversion stops with "exists" and nothing is replaced."""
         ckpt = self.ctx.checkpoint()
-        source = Path(src) if src is not None else (ckpt.path if ckpt is not None else None)
+        source: Any = location(src) if src is not None else (ckpt.path if ckpt is not None else None)
         if source is None:
             self.ctx.notifier.info("Open a checkpoint first, or drop one on a conversion button.")
             return None
@@ -251,22 +256,27 @@ class ConvertPanel(QWidget):
         except ValueError as e:
             self.ctx.notifier.error(e)
             return None
-        dst = dst or self.choose_destination(target, source)
-        if dst is None:
+        chosen = dst or self.choose_destination(target, source)
+        if chosen is None:
             return None
-        if dst.resolve() == source.resolve() or source.resolve() in dst.resolve().parents:
+        dst = location(chosen)
+        if (
+            isinstance(dst, Path)
+            and not is_remote(source)
+            and (_same(dst, source) or source.resolve() in dst.resolve().parents)
+        ):
             self.ctx.notifier.info(
                 f"Choose another destination: {dst.name} is the checkpoint being converted "
                 "(the result is written beside it, then you may replace it)."
             )
             return None
         overwrite = False
-        if dst.exists() or dst.is_symlink():
+        if isinstance(dst, Path) and (dst.exists() or dst.is_symlink()):
             if not self.ctx.confirm(f"{dst} exists. Replace it?"):
                 return None
             overwrite = True
         self.last_result = None
-        self.set_busy(True, f"Converting {source.name} → {dst.name}")
+        self.set_busy(True, f"Converting {name_of(source)} → {name_of(dst)}")
 
         def work(progress: Any, cancel: Any) -> ConversionResult:
             with warnings.catch_warnings():  # notes come back in the result and are shown in the report
@@ -297,6 +307,9 @@ class ConvertPanel(QWidget):
     def open_result(self) -> None:
         if self.last_result is not None:
             target = self.last_result.dst
+            if is_remote(target):
+                self.open_requested.emit(location(target))
+                return
             index = target / "model.safetensors.index.json"
             self.open_requested.emit(index if index.exists() else target)
 
@@ -310,7 +323,7 @@ class ConvertPanel(QWidget):
             self.ctx.notifier.error(e)
             return None
         a, b = self.last_result.src, self.last_result.dst
-        self.set_busy(True, f"Verifying {a.name} against {b.name}")
+        self.set_busy(True, f"Verifying {name_of(a)} against {name_of(b)}")
 
         def work(progress: Any, cancel: Any) -> DiffReport:
             with open_checkpoint(a) as x, open_checkpoint(b) as y:

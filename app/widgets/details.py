@@ -30,6 +30,7 @@ from dcpstudio.core.model import Totals, dtype_name, printable, short_repr
 from dcpstudio.core.report import human_bytes
 
 from ..context import Context
+from ..locations import is_remote, name_of
 from ..tree_filter import human_count, totals_by_kind, value_type
 from .drawing import ChunkDrawing, Histogram
 
@@ -176,7 +177,7 @@ class DetailsPanel(QStackedWidget):
         tensors = sum(t.count for k, t in by_dtype.items() if k != "value")
         t = ckpt.tree.totals
         self.summary_title.setText(
-            f"<b>{html.escape(printable(ckpt.path.name))}</b> — {ckpt.format}, {tensors:,} tensors "
+            f"<b>{html.escape(printable(name_of(ckpt.path)))}</b> — {ckpt.format}, {tensors:,} tensors "
             f"({human_count(t.params)} parameters, {human_bytes(t.tensor_bytes)}), "
             f"{t.count - tensors:,} other values"
         )
@@ -190,8 +191,9 @@ class DetailsPanel(QStackedWidget):
             self.show_summary(ckpt)
             return
         entry = node.entry
+        remote = is_remote(ckpt.path)  # listing a remote checkpoint's chunks may ask the store: worker only
         try:
-            chunks = ckpt.chunks(entry.fqn) if entry is not None else []
+            chunks = ckpt.chunks(entry.fqn) if entry is not None and not remote else []
         except Exception as e:  # a damaged entry: say so, show what the model knows
             self.ctx.notifier.error(e)
             chunks = []
@@ -209,11 +211,18 @@ class DetailsPanel(QStackedWidget):
         def work(progress: Any, cancel: Any) -> tuple[str, Any, Any, Any]:
             values = preview_values(ckpt, fqn)
             stats = tensor_stats(ckpt, fqn, bins=40, progress=progress, cancel=cancel) if tensor else None
-            resolved = ckpt.resolve_chunks(fqn) if tensor else []
+            try:
+                resolved = ckpt.resolve_chunks(fqn) if tensor else (ckpt.chunks(fqn) if remote else [])
+            except Exception as e:  # the values are shown; the chunk layout is not (as in show_selection)
+                return fqn, values, stats, e
             return fqn, values, stats, resolved
 
         def done(result: tuple[str, Any, Any, Any]) -> None:
             fqn, values, stats, resolved = result
+            if isinstance(resolved, Exception):
+                if remote:  # a local checkpoint's failure was reported by show_selection already
+                    self.ctx.notifier.error(resolved)
+                resolved = []
             if resolved and self.current == fqn:
                 self.show_node(ckpt, node, resolved, keep_scroll=True)
             self.show_preview(fqn, values, stats)
@@ -276,7 +285,8 @@ class DetailsPanel(QStackedWidget):
         _fit_height(self.chunk_table, 6)
         for w in (self.chunks_label, self.chunk_table):
             w.setVisible(bool(tensor_chunks))
-        self.drawing.set_chunks(e.shape or () if e is not None else (), tensor_chunks, ckpt.path)
+        root = None if is_remote(ckpt.path) else ckpt.path  # a store's file sizes: not asked on this thread
+        self.drawing.set_chunks(e.shape or () if e is not None else (), tensor_chunks, root)
         self.drawing.setVisible(bool(tensor_chunks))
         self.values_box.setVisible(e is not None)
         self.explore_button.setVisible(e is not None and e.kind == "tensor")

@@ -28,11 +28,15 @@ class ChunkDrawing(QWidget):
         self.shape: tuple[int, ...] = ()
         self.chunks: list[Chunk] = []
         self.file_sizes: dict[str, int] = {}
+        self.files: list[str] = []  # colours follow the data files, also where their sizes are unknown
         self.setMinimumHeight(240)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
     def set_chunks(self, shape: tuple[int, ...], chunks: list[Chunk], root: Path | None) -> None:
+        """``root``: the checkpoint's local path, for the files' bars; ``None`` draws the chunks only
+        (a remote store is not asked for file sizes on the GUI thread)."""
         self.shape, self.chunks = shape, chunks
+        self.files = sorted({c.file for c in chunks if c.file})
         self.file_sizes = {}
         for c in chunks:
             if c.file and root is not None and c.file not in self.file_sizes:
@@ -44,8 +48,9 @@ class ChunkDrawing(QWidget):
         self.update()
 
     def colour(self, file: str | None) -> QColor:
-        files = sorted(self.file_sizes)
-        return QColor(_PALETTE[files.index(file) % len(_PALETTE)] if file in files else "#9ca3af")
+        if file is None or file not in self.files:
+            return QColor("#9ca3af")
+        return QColor(_PALETTE[self.files.index(file) % len(_PALETTE)])
 
     def paintEvent(self, event: QPaintEvent) -> None:
         p = QPainter(self)

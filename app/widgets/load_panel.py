@@ -26,6 +26,7 @@ from dcpstudio.core.load import LAYOUTS, run_load
 from dcpstudio.core.report import human_bytes
 
 from ..context import Context
+from ..locations import is_remote, location, shown
 from ..workers import Job
 
 __all__ = ["LoadPanel"]
@@ -85,7 +86,12 @@ class LoadPanel(QGroupBox):
         if ckpt is None:
             self.ctx.notifier.info("Open a checkpoint first.")
             return None
-        path = ckpt.path
+        path = location(ckpt.path)  # a URL whole (query included): the ranks open it themselves
+        if is_remote(path) and str(path).lower().startswith("memory://"):
+            self.ctx.notifier.info(
+                f"{shown(path)} lives in this process's memory: ranks are separate processes and cannot read it."
+            )
+            return None
         ranks = self.ranks.value()
         layout = self.layout_box.currentText()
         mesh = self.mesh.text().strip() or None

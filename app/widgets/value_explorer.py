@@ -31,6 +31,7 @@ from dcpstudio.core.report import human_bytes
 from dcpstudio.core.slices import SliceSpec, SliceSummary, read_window, summarise_slice
 
 from ..context import Context
+from ..locations import is_remote
 from ..value_model import TileLoader, ValueTableModel, tile_texts
 from ..workers import Job
 from .drawing import Heatmap, Histogram
@@ -358,7 +359,8 @@ class ValueExplorer(QWidget):
             return None
         ckpt, fqn = self.ckpt, self.fqn
         safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in fqn)[:120] or "tensor"
-        dst = self.ctx.save_path(f"Export {fqn}", ckpt.path.parent / f"{safe}.npy", "NumPy (*.npy);;PyTorch (*.pt)")
+        folder = Path(self.ctx.settings.last_dir()) if is_remote(ckpt.path) else ckpt.path.parent  # written locally
+        dst = self.ctx.save_path(f"Export {fqn}", folder / f"{safe}.npy", "NumPy (*.npy);;PyTorch (*.pt)")
         if dst is None:
             return None
         if dst.suffix.lower() not in (".npy", ".pt"):
