@@ -99,9 +99,7 @@ def is_url(value: object) -> bool:
 def shown_url(url: str) -> str:
     """``url`` without user info, query or fragment: what messages and the window show."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rsplit("@", 1)[-1]  # as written: hf://Org/… and bucket names keep their case
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 

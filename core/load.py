@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._blocks import box_slices
+from ._remote import RemotePath
 from .diff import _objects_equal
 from .dtypes import dtype_of
 from .formats.detect import detect_format
@@ -234,7 +235,7 @@ def run_load(
     detect_format(path)
     return launch(
         load_rank,
-        (str(path), layout, shape, trust_pickle, local_reads),
+        (path.url if isinstance(path, RemotePath) else str(path), layout, shape, trust_pickle, local_reads),
         nprocs=ranks,
         timeout=timeout,
         on_progress=on_progress,

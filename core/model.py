@@ -237,7 +237,11 @@ def whole_chunk(entry: Entry, file: str, data_offset: int) -> Chunk:
     return Chunk(_zero_offsets(len(shape)), shape, file, data_offset, entry.nbytes, data_offset)
 
 
-def relative(path: Path, root: Path) -> str:
+def relative(path: Any, root: Any) -> str:
+    """``path``'s name under the checkpoint ``root`` (a folder, or the file itself)."""
+    if not isinstance(path, Path) or not isinstance(root, Path):  # remote: from the URLs, no request
+        p, r = str(path), str(root)
+        return p[len(r) + 1 :] if p.startswith(r + "/") else p.rsplit("/", 1)[-1]
     base = root if root.is_dir() else root.parent
     try:
         return str(path.resolve().relative_to(base.resolve()))

@@ -175,19 +175,9 @@ def test_remote_copy_shows_the_same_tree_and_preview_as_the_local_one(
     assert preview(qtbot, window, fqn) == cells and cells
 
 
-_CORE_RELATIVE = (
-    "core: Checkpoint.chunks() of a remote torch.save/safetensors file calls core.model.relative(), which "
-    "asks RemotePath.is_dir() and fails in Path.relative_to (TypeError / AttributeError)"
-)
-
-
 @pytest.mark.parametrize(
     "local_copy",
-    [
-        "dcp",
-        pytest.param("torch", marks=pytest.mark.xfail(strict=True, reason=_CORE_RELATIVE)),
-        pytest.param("safetensors", marks=pytest.mark.xfail(strict=True, reason=_CORE_RELATIVE)),
-    ],
+    ["dcp", "torch", "safetensors"],
     indirect=True,
 )
 def test_remote_copy_shows_the_same_chunk_table(qtbot: Any, window: MainWindow, local_copy: Path, put: Put) -> None:
