@@ -25,7 +25,6 @@ __all__ = ["AHEAD", "BEHIND", "PIECE", "Stream"]
 PIECE = 4 << 20  # what the stream's thread reads at a time
 AHEAD = 32 << 20  # received, not yet asked for
 BEHIND = 64 << 20  # kept behind the furthest byte asked for
-NEAR = 1 << 20  # a small read at most this far ahead is served by the stream (a large one: AHEAD)
 
 
 def _pieces(fs: Any, path: str, start: int, end: int) -> Iterator[bytes]:
@@ -109,7 +108,7 @@ class Stream:
         """Whether a read of ``n`` bytes at ``offset`` lies in this stream's window."""
         if offset < self._lo or offset + n > self.end:
             return False
-        return offset + n <= self._hi or offset - self._mark <= (AHEAD if n >= NEAR else NEAR)
+        return offset + n <= self._hi or offset - self._mark <= AHEAD
 
     def read(self, offset: int, out: memoryview) -> bool:
         """Fill ``out`` from the stream; False when the read lies outside its window (or the
