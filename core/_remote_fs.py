@@ -120,15 +120,28 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
         return RemoteError(
             f"{label}: {kind}:// addresses need the optional '{extra}' extra: pip install 'dcpstudio[{extra}]'"
         )
-    if isinstance(exc, FileNotFoundError):
+    cause = exc.__cause__
+    if isinstance(exc, FileNotFoundError) and cause is not None and not _missing(cause):
+        exc = cause  # fsspec's HTTP file system calls a refused connection "not found"
+        name = type(exc).__name__
+    status = _status(exc)
+    if isinstance(exc, FileNotFoundError) or status == 404:
         return RemoteError(f"{label}: not found")
-    if isinstance(exc, PermissionError) or "AccessDenied" in name or "Forbidden" in str(exc)[:200]:
+    if isinstance(exc, PermissionError) or status in (401, 403) or "AccessDenied" in name:
         return RemoteError(f"{label}: access denied; check the credentials ({_CREDENTIALS.get(extra, 'the store')})")
     if "Credential" in name or "credential" in str(exc)[:300].lower():
         return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
-    status = _status(exc)
     what = f"HTTP {status}" if status else name
     return RemoteError(f"{label}: cannot {doing} ({what}); check the address and the network, then retry")
+
+
+def _missing(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the object does not exist."""
+    while exc is not None:
+        if (isinstance(exc, FileNotFoundError) and exc.__cause__ is None) or _status(exc) == 404:
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
 
 
 def _status(exc: BaseException) -> int | None:
@@ -136,8 +149,17 @@ def _status(exc: BaseException) -> int | None:
         value = getattr(exc, attr, None)
         if isinstance(value, int) and 100 <= value < 600:
             return value
-    m = re.search(r"\b([45]\d\d)\b", str(exc)[:200])
-    return int(m.group(1)) if m else None
+    response = getattr(exc, "response", None)  # botocore's ClientError
+    if isinstance(response, dict):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int):
+            return code
+    m = _STATUS_TEXT.search(str(exc)[:300])
+    return int(m.group(1) or m.group(2)) if m else None
+
+
+# "403, message='Forbidden'" (aiohttp), "... (503)", "status 500", "HTTP 404", "Error code 403"
+_STATUS_TEXT = re.compile(r"^\s*([45]\d\d)\b|(?:status|HTTP|code)\W{0,3}([45]\d\d)\b", re.IGNORECASE)
 
 
 def transient(exc: BaseException) -> bool:
