@@ -26,6 +26,7 @@ __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter"]
 
 BLOCK = 256 << 10  # read-ahead unit for small reads
 CACHED_BYTES = 8 << 20  # read-ahead spans kept per file
+RUN_MAX = 4 << 20  # the largest read-ahead span, reached by reads walking through the file
 PART = 8 << 20  # large reads are split into range requests of this size, fetched in parallel
 SEQUENTIAL_GAP = 1 << 20  # a large read starting this close after the last one streams
 UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being written)
@@ -47,6 +48,7 @@ class RemoteFile(io.RawIOBase):
         self._stream: Stream | None = None  # serving a run of sequential reads
         self._stream_lock = threading.Lock()
         self._last_end = -1  # where the last large read ended
+        self._run_end, self._run_size = -(1 << 62), BLOCK  # the last read-ahead span's end and size
 
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a remote object has no file descriptor")
@@ -148,10 +150,17 @@ class RemoteFile(io.RawIOBase):
                 if start <= offset and offset + n <= start + len(data):
                     out[:] = data[offset - start : offset - start + n]
                     return
-        lo, hi = within if within is not None else (0, self.size)
-        lo, hi = max(0, min(lo, offset)), min(self.size, max(hi, offset + n))
-        a = max(lo, min(offset, hi - BLOCK))  # a span of BLOCK from here, moved back at the end
-        b = min(hi, max(offset + n, a + BLOCK))
+        if self._run_end - BLOCK <= offset <= self._run_end + BLOCK:
+            # reads walking through the file (many small tensors, DCP chunks one after another):
+            # each span twice the last, up to RUN_MAX, past the record asked about
+            a = offset
+            b = min(self.size, max(offset + n, a + min(RUN_MAX, 2 * self._run_size)))
+        else:
+            lo, hi = within if within is not None else (0, self.size)
+            lo, hi = max(0, min(lo, offset)), min(self.size, max(hi, offset + n))
+            a = max(lo, min(offset, hi - BLOCK))  # a span of BLOCK from here, moved back at the end
+            b = min(hi, max(offset + n, a + BLOCK))
+        self._run_end, self._run_size = b, max(BLOCK, b - a)
         data = self._fetch(a, b)
         out[:] = data[offset - a : offset - a + n]
         with self._lock:
