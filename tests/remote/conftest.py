@@ -7,6 +7,8 @@ The whole folder is skipped when s3fs, moto's server or aiohttp is missing (``pi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,3 +107,71 @@ def http_root(tmp_path: Path) -> Iterator[HTTPRoot]:
     root.mkdir()
     with RangeHTTPServer(root) as server:
         yield HTTPRoot(root, server.url, server)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for the checkpoint tests
+
+
+@pytest.fixture
+def s3(bucket: str) -> Any:
+    """s3fs as a user's own code would make it (no arguments: the environment points it at the
+    proxy), for putting checkpoints into ``bucket`` and looking at what is there."""
+    import fsspec
+
+    return fsspec.filesystem("s3")
+
+
+@pytest.fixture
+def fast_failures(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore gives up after one attempt (``AWS_MAX_ATTEMPTS``; children inherit it), so that a
+    request failing on purpose costs no back-off: the product's own handling is what is tested."""
+    import s3fs
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def run_cli(*args: object, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dcpstudio ARGS`` in a child process with this environment (the proxy's endpoint and test
+    credentials included), unless ``env`` replaces it."""
+    return subprocess.run(
+        [sys.executable, "-m", "dcpstudio", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The message of a failed command, checked to be what a user must see: exit ``code`` and one
+    ``dcpstudio: error: ...`` line on stderr, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcpstudio: error: "), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    return lines[0].removeprefix("dcpstudio: error: ")
+
+
+@pytest.fixture
+def settings_dir(tmp_path: Path, qapp: Any) -> Iterator[Path]:
+    """QSettings written under the test's temporary directory, never the user's."""
+    from PySide6.QtCore import QSettings
+
+    where = tmp_path / "settings"
+    for fmt in (QSettings.Format.NativeFormat, QSettings.Format.IniFormat):
+        QSettings.setPath(fmt, QSettings.Scope.UserScope, str(where))
+    yield where
+
+
+@pytest.fixture
+def window(qtbot: Any, settings_dir: Path) -> Iterator[Any]:
+    from dcpstudio.app.main_window import MainWindow
+
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()

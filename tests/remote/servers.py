@@ -93,15 +93,27 @@ class _Fault:
     match: Match
     times: int | None  # None: until reset()
     skip: int = 0  # matching requests let through before the fault applies
+    longer_than: int | None = None  # only requests asking for more bytes than this (by Range)
 
-    def matches(self, method: str, path: str, query: str) -> bool:
+    def matches(self, method: str, path: str, query: str, range: str | None = None) -> bool:
         if self.method is not None and method != self.method.upper():
+            return False
+        if self.longer_than is not None and _asked(range) <= self.longer_than:
             return False
         if self.match is None:
             return True
         if isinstance(self.match, str):
             return self.match in path
         return bool(self.match(method, path, query))
+
+
+def _asked(range: str | None) -> float:
+    """How many bytes a Range header asks for: infinite without one or without an end."""
+    first, _, last = (range or "").partition("=")[2].partition("-")
+    try:
+        return int(last) if not first.strip() else int(last) - int(first) + 1
+    except ValueError:
+        return float("inf")
 
 
 class _Recorder:
@@ -146,10 +158,14 @@ class _Recorder:
         """Answer the next ``times`` matching requests with ``status`` (None: until reset())."""
         self._arm(_Fault("fail", status, 0, method, match, times))
 
-    def drop(self, after_bytes: int, *, match: Match = None, times: int | None = 1) -> None:
+    def drop(
+        self, after_bytes: int, *, match: Match = None, times: int | None = 1, longer_than: int | None = None
+    ) -> None:
         """Close the connection after ``after_bytes`` body bytes of the responses to the next
-        ``times`` matching GETs (one answered other than 200 or 206 uses the fault up, whole)."""
-        self._arm(_Fault("drop", 0, after_bytes, "GET", match, times))
+        ``times`` matching GETs (one answered other than 200 or 206 uses the fault up, whole).
+        ``longer_than``: only GETs whose Range asks for more bytes than that (or has no end), so
+        that a long streamed read is cut while the small reads before it go through."""
+        self._arm(_Fault("drop", 0, after_bytes, "GET", match, times, longer_than=longer_than))
 
     def _arm(self, fault: _Fault) -> None:
         if fault.times is not None and fault.times < 1:
@@ -157,11 +173,11 @@ class _Recorder:
         with self._lock:
             self._faults.append(fault)
 
-    def _take_fault(self, method: str, path: str, query: str) -> _Fault | None:
+    def _take_fault(self, method: str, path: str, query: str, range: str | None = None) -> _Fault | None:
         """The first armed fault this request triggers, used up by one."""
         with self._lock:
             for fault in self._faults:
-                if not fault.matches(method, path, query):
+                if not fault.matches(method, path, query, range):
                     continue
                 if fault.skip:
                     fault.skip -= 1
@@ -300,7 +316,9 @@ class _ServerBase(_Recorder):
 
     def _serve(self) -> None:
         self._httpd = _Server(self._handler, self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=type(self).__name__, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=type(self).__name__, daemon=True
+        )  # stop() waits for the next poll
         self._thread.start()
 
     @property
@@ -353,7 +371,7 @@ class _ProxyHandler(_Handler):
     def _proxy(self) -> None:
         body = self._read_body()
         record = self._begin()
-        fault = self.owner._take_fault(record.method, record.path, record.query)
+        fault = self.owner._take_fault(record.method, record.path, record.query, record.range)
         if fault is not None and fault.kind == "fail":
             record.fault = "fail"
             self._reply(fault.status, _s3_error(fault.status, record.path), "application/xml")
@@ -523,7 +541,7 @@ class _FileHandler(_Handler):
         owner: RangeHTTPServer = self.owner
         self._read_body()
         record = self._begin()
-        fault = owner._take_fault(record.method, record.path, record.query)
+        fault = owner._take_fault(record.method, record.path, record.query, record.range)
         if fault is not None and fault.kind == "fail":
             record.fault = "fail"
             message = f"{fault.status} {http.client.responses.get(fault.status, 'Error')}\n".encode()
