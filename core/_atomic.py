@@ -156,7 +156,8 @@ def _remote_output(dst: RemotePath, overwrite: bool) -> Iterator[RemotePath]:
     upload completes (an exception aborts it). A folder that does not exist yet is written in place,
     its ``.metadata`` or index last (the writers do), and removed on failure. A folder that is
     replaced is written under a temporary sibling prefix first; only when it is complete is the old
-    one removed and the new one copied into place (inside the store), ``.metadata``/index last."""
+    one copied aside (inside the store), removed, and the new one copied into place, ``.metadata``/
+    index last; if that fails, the old one is copied back."""
     exists = dst.exists()
     if exists and not overwrite:
         raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
@@ -168,22 +169,47 @@ def _remote_output(dst: RemotePath, overwrite: bool) -> Iterator[RemotePath]:
                 dst.remove_tree()
             raise
         return
-    tmp = dst.parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}" / dst.name
+    stage = dst.parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp, backup = stage / dst.name, stage / "replaced"
+    keep_stage = False
     try:
         yield tmp
-        if tmp.is_file():
-            if dst.is_dir():
-                dst.remove_tree()
+        if tmp.is_file() and not dst.is_dir():  # one object: replaced whole when its copy completes
             _publish(tmp, dst, [tmp])
             return
-        files = sorted(tmp.fs.find(tmp.path), key=lambda name: name.endswith(_PUBLISHED_LAST))
-        if dst.is_dir():
-            dst.remove_tree()
-        else:
-            dst.unlink(missing_ok=True)
-        _publish(tmp, dst, [RemotePath(f"{tmp.url}{name[len(tmp.path) :]}", _fs=tmp.fs, _path=name) for name in files])
+        _publish(dst, backup, _objects(dst))  # the old one aside first: if this fails, nothing changed
+        try:
+            _clear(dst)
+            _publish(tmp, dst, _objects(tmp))
+        except BaseException as failure:
+            try:  # put the old one back as it was
+                _clear(dst)
+                _publish(backup, dst, _objects(backup))
+            except BaseException:
+                keep_stage = True
+                raise DCPStudioError(
+                    f"{failure}; restoring the replaced checkpoint failed too: it is kept at {backup}"
+                ) from None
+            raise
     finally:
-        tmp.parent.remove_tree()
+        if not keep_stage:
+            stage.remove_tree()
+
+
+def _objects(root: RemotePath) -> list[RemotePath]:
+    """The objects of a remote checkpoint (the object itself for a file), ``.metadata``/index last."""
+    root.forget()
+    if root.is_file():
+        return [root]
+    names = sorted(root.fs.find(root.path), key=lambda name: (name.endswith(_PUBLISHED_LAST), name))
+    return [RemotePath(f"{root.url}{name[len(root.path) :]}", _fs=root.fs, _path=name) for name in names]
+
+
+def _clear(root: RemotePath) -> None:
+    if root.is_dir():
+        root.remove_tree()
+    else:
+        root.unlink(missing_ok=True)
 
 
 def _publish(tmp: RemotePath, dst: RemotePath, files: list[RemotePath]) -> None:

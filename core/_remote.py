@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ._remote_fs import FetchStats, RemoteError, call, fetch_stats, filesystem, is_url, scheme, shown_url
-from ._remote_io import RemoteFile, RemoteWriter
+from ._remote_io import RemoteFile, RemoteWriter, shared_spans
 
 __all__ = [
     "FetchStats",
@@ -73,7 +73,20 @@ class RemotePath:
     def __hash__(self) -> int:
         return hash(self.url)
 
+    def __lt__(self, other: RemotePath) -> bool:
+        return self.url < other.url
+
+    @property
+    def signed(self) -> bool:
+        """Whether the URL carries a query (a signed URL names one object: nothing lies below it)."""
+        return "?" in self.url
+
     def __truediv__(self, name: str) -> RemotePath:
+        if self.signed:  # a member of a signed object's folder: the signature does not cover it
+            base = self.url.split("?", 1)[0]
+            return RemotePath(
+                f"{base}/{name}", _fs=self.fs, _path=f"{base}/{name}" if self.http else f"{self.path}/{name}"
+            )
         return RemotePath(f"{self.url}/{name}", _fs=self.fs, _path=f"{self.path}/{name}")
 
     @property
@@ -153,8 +166,8 @@ class RemotePath:
     def is_dir(self) -> bool:
         if self.url.endswith("://"):
             return True
-        if self.http:  # HTTP has no folders: one is named with a trailing "/" or holds a known file
-            return self.folder or any(True for _ in self.iterdir())
+        if self.http or self.signed:  # HTTP has no folders: one is named with a trailing "/"
+            return self.folder and not self.signed
         info = self._probe()
         return info is not None and info.get("type") == "directory"
 
@@ -206,7 +219,8 @@ class RemotePath:
         info = self.info()
         if info.get("type") == "directory":
             raise RemoteError(f"{self}: a folder; refusing to read it as a file")
-        return RemoteFile(self, int(info.get("size") or 0), label or str(self))
+        size = int(info.get("size") or 0)
+        return RemoteFile(self, size, label or str(self), shared_spans(self.url, size, _etag(info)))
 
     def open_write(self) -> RemoteWriter:
         return RemoteWriter(self)

@@ -132,7 +132,13 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
     if "Credential" in name or "credential" in str(exc)[:300].lower():
         return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
     what = f"HTTP {status}" if status else name
+    detail = _URLS.sub("…", str(exc).strip().splitlines()[0] if str(exc).strip() else "")[:120]
+    if detail and detail not in what:
+        what = f"{what}: {detail}"
     return RemoteError(f"{label}: cannot {doing} ({what}); check the address and the network, then retry")
+
+
+_URLS = re.compile(r"\S*://\S*|\S*[?&][A-Za-z-]+=\S*")  # addresses and query strings never reach a message
 
 
 def _missing(exc: BaseException) -> bool:
@@ -187,14 +193,21 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise explain(e, url, "open") from None
 
 
+def attempts_for(url: str) -> int:
+    """Attempts at one request: the object stores' backends retry on their own (s3fs and botocore
+    five times), so once more on top of them; HTTP (aiohttp) does not, so :data:`RETRIES`."""
+    return 2 if _EXTRAS.get(scheme(url)) in ("s3", "gcs", "azure") else RETRIES
+
+
 def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args)`` retried on transient failures, its exceptions turned into one line."""
     delay = 0.2
-    for attempt in range(RETRIES):
+    attempts = attempts_for(url)
+    for attempt in range(attempts):
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if attempt == RETRIES - 1 or not transient(e):
+            if attempt == attempts - 1 or not transient(e):
                 raise explain(e, url, doing) from None
         time.sleep(delay)
         delay *= 2.5

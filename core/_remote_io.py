@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
+import time
 from typing import Any, Protocol
 
 from ._remote_fs import RemoteError, call, count, explain, threads
@@ -22,7 +23,7 @@ class _Where(Protocol):  # a RemotePath (above this module)
     def forget(self) -> None: ...
 
 
-__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter"]
+__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter", "Spans", "shared_spans"]
 
 BLOCK = 256 << 10  # read-ahead unit for small reads
 CACHED_BYTES = 8 << 20  # read-ahead spans kept per file
@@ -32,19 +33,63 @@ SEQUENTIAL_GAP = 1 << 20  # a large read starting this close after the last one 
 UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being written)
 
 
+class Spans:
+    """Read-ahead spans of one object, oldest first, at most :data:`CACHED_BYTES` of them."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, bytes]] = []
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def copy(self, offset: int, out: memoryview) -> bool:
+        """Fill ``out`` from a span holding ``[offset, offset + len(out))``; False if none does."""
+        n = len(out)
+        with self._lock:
+            for start, data in reversed(self._spans):
+                if start <= offset and offset + n <= start + len(data):
+                    out[:] = data[offset - start : offset - start + n]
+                    return True
+        return False
+
+    def add(self, start: int, data: bytes) -> None:
+        with self._lock:
+            self._spans.append((start, data))
+            self._cached += len(data)
+            while self._cached > CACHED_BYTES and len(self._spans) > 1:
+                self._cached -= len(self._spans.pop(0)[1])
+
+
+_shared: dict[tuple[str, int, str], tuple[float, Spans]] = {}
+_shared_lock = threading.Lock()
+SHARED_FOR = 10.0  # seconds
+
+
+def shared_spans(url: str, size: int, etag: str) -> Spans | None:
+    """The spans already read of this object (same URL, size and ETag) by a file opened in the last
+    few seconds -- format detection and the reader then fetch its header once -- or new ones."""
+    if not etag:
+        return None
+    now = time.monotonic()
+    with _shared_lock:
+        for key in [k for k, (t, _) in _shared.items() if now - t > SHARED_FOR]:
+            del _shared[key]
+        seen = _shared.get((url, size, etag))
+        spans = seen[1] if seen is not None else Spans()
+        _shared[(url, size, etag)] = (seen[0] if seen else now, spans)
+        return spans
+
+
 class RemoteFile(io.RawIOBase):
     """A remote object read by byte range. :meth:`pread` is thread-safe (no shared position)."""
 
-    def __init__(self, where: _Where, size: int, label: str) -> None:
+    def __init__(self, where: _Where, size: int, label: str, spans: Spans | None = None) -> None:
         super().__init__()
         self.where = where
         self.size = size
         self.label = label
         self.name = str(where)
         self._pos = 0
-        self._spans: list[tuple[int, bytes]] = []  # read-ahead spans, oldest first
-        self._cached = 0
-        self._lock = threading.Lock()
+        self._spans = spans if spans is not None else Spans()
         self._stream: Stream | None = None  # serving a run of sequential reads
         self._stream_lock = threading.Lock()
         self._last_end = -1  # where the last large read ended
@@ -145,11 +190,8 @@ class RemoteFile(io.RawIOBase):
 
     def _read_small(self, offset: int, out: memoryview, within: tuple[int, int] | None) -> None:
         n = len(out)
-        with self._lock:
-            for start, data in reversed(self._spans):
-                if start <= offset and offset + n <= start + len(data):
-                    out[:] = data[offset - start : offset - start + n]
-                    return
+        if self._spans.copy(offset, out):
+            return
         if self._run_end - BLOCK <= offset <= self._run_end + BLOCK:
             # reads walking through the file (many small tensors, DCP chunks one after another):
             # each span twice the last, up to RUN_MAX, past the record asked about
@@ -163,11 +205,7 @@ class RemoteFile(io.RawIOBase):
         self._run_end, self._run_size = b, max(BLOCK, b - a)
         data = self._fetch(a, b)
         out[:] = data[offset - a : offset - a + n]
-        with self._lock:
-            self._spans.append((a, data))
-            self._cached += len(data)
-            while self._cached > CACHED_BYTES and len(self._spans) > 1:
-                self._cached -= len(self._spans.pop(0)[1])
+        self._spans.add(a, data)
 
 
 class RemoteWriter(io.RawIOBase):

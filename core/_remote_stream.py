@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from ._remote_fs import RETRIES, RemoteError, count, explain, transient
+from ._remote_fs import RemoteError, attempts_for, count, explain, transient
 
 __all__ = ["AHEAD", "BEHIND", "PIECE", "Stream"]
 
@@ -90,7 +90,7 @@ class Stream:
                     raise RemoteError(f"{self._label}: the object ends at byte {pos}, before {self.end} (changed?)")
             except Exception as e:
                 attempt += 1
-                if attempt >= RETRIES or not transient(e):
+                if attempt >= attempts_for(self._url) or not transient(e):
                     self._put(explain(e, self._url))
                     return
         self._put(None)

@@ -84,8 +84,11 @@ def _detect_dir(p: Any) -> Format:
 def _detect_remote(p: RemotePath) -> Format:
     """As for a local path, asking the store as little as possible: a DCP is known from one
     request for its ``.metadata``."""
-    if not p.name.endswith(_FILE_SUFFIXES) and (p / ".metadata").is_file():
+    if not p.signed and not p.name.endswith(_FILE_SUFFIXES) and (p / ".metadata").is_file():
         return "dcp"
+    if p.http and not p.folder and not p.signed and not p.name.endswith(_FILE_SUFFIXES):
+        # HTTP has no listings: a folder given without its trailing "/" is known by an index in it
+        p.folder = any((p / name).is_file() for name in (_SAFETENSORS_INDEX, "pytorch_model.bin.index.json"))
     if p.is_dir():
         return _detect_dir(p)
     if not p.exists():

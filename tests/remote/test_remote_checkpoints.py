@@ -211,11 +211,6 @@ def test_inspecting_a_safetensors_file_fetches_its_header_only(
     assert gets and all(_span(g)[0] == 0 and _span(g)[1] <= max(header, READ_AHEAD) for g in gets), gets
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="opening a remote file fetches its first 256 KiB twice or more: detect_format and the reader "
-    "each open their own RemoteFile, with its own read-ahead cache",
-)
 def test_opening_a_remote_file_fetches_no_byte_twice(s3_server: S3Server, bucket: str, s3: Any, tmp_path: Path) -> None:
     _safetensors_file(tmp_path / "m.safetensors")
     s3.put(str(tmp_path / "m.safetensors"), f"{bucket}/m.safetensors")
@@ -226,15 +221,6 @@ def test_opening_a_remote_file_fetches_no_byte_twice(s3_server: S3Server, bucket
     assert len(gets) == len(set(gets)), gets
 
 
-_HTTP_PROBES = (
-    "over HTTP, a file URL (…/m.safetensors, …/m.pt) is probed as a folder first: HEAD and GET of "
-    "…/m.pt/.metadata, …/model.safetensors.index.json, …/model.safetensors, …/pytorch_model.bin.index.json, "
-    "…/pytorch_model.bin (10 requests answered 404) before the file itself (detect_format -> RemotePath.is_dir "
-    "-> iterdir on HTTP)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_HTTP_PROBES)
 def test_inspecting_a_file_over_http_asks_for_that_file_only(http_root: HTTPRoot, tmp_path: Path) -> None:
     _safetensors_file(http_root.root / "m.safetensors")
     with open_checkpoint(f"{http_root.url}/m.safetensors") as ckpt:
@@ -299,13 +285,7 @@ def test_a_read_dropped_every_time_fails_on_one_line_in_bounded_time(remote_pt: 
     [
         ("s3", 403),
         ("s3", 404),
-        pytest.param(
-            "http",
-            403,
-            marks=pytest.mark.xfail(
-                strict=True, reason=f"the error names …/m.pt/.metadata, not the URL given: {_HTTP_PROBES}"
-            ),
-        ),
+        ("http", 403),
         ("http", 404),
     ],
 )

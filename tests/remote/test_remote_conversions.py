@@ -155,14 +155,6 @@ def test_remote_folders_appear_with_their_metadata_or_index_last(
     assert_same(load(tmp_path / "st", "safetensors"), STATE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="a remote safetensors folder of 2 or more shards cannot be opened: core/formats/safetensors.py "
-    "read_safetensors_index sorts the shards' RemotePath objects (sorted(member_path(...))), and RemotePath "
-    "defines no ordering: TypeError: '<' not supported between instances of 'RemotePath' and 'RemotePath' "
-    "(the command line says 'dcpstudio: error: unexpected TypeError: ...')",
-)
 @pytest.mark.parametrize("store", ["s3", "http"])
 def test_a_remote_sharded_safetensors_folder_opens_and_converts(
     request: pytest.FixtureRequest, sources: dict[str, Path], tmp_path: Path, store: str

@@ -128,13 +128,6 @@ def test_no_credential_is_written_to_the_window_settings(
     assert not [s for s in SECRETS for text in seen if s in text], seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a signed URL of a file (https://host/m.pt?X-Amz-Signature=...) cannot be opened: member names are "
-    "appended after the query (RemotePath.__truediv__ -> 'm.pt?X-Amz-Signature=.../.metadata'), so the "
-    "format probe asks for m.pt itself as .metadata; here: 'damaged pickle (unknown or unsupported opcode "
-    "0x00 at byte 27)' (a real store answers 403 to the altered signature)",
-)
 def test_a_signed_url_of_a_file_opens(http_root: HTTPRoot) -> None:
     torch.save({"w": torch.ones(4)}, http_root.root / "m.pt")
     result = run_cli("inspect", f"{http_root.url}/m.pt?X-Amz-Signature={URL_TOKEN}")

@@ -180,18 +180,7 @@ def test_an_overwrite_failing_midway_leaves_the_old_checkpoint_intact(
     _no_open_uploads(s3_client, bucket)
 
 
-_PUBLISH_BUG = (
-    "replacing a remote folder removes the old one before copying the new one into place "
-    "(core/_atomic.py _remote_output: dst.remove_tree() then _publish), and the finally clause removes the "
-    "staged copy: when a copy fails (here CopyObject of .metadata answered 403) the old checkpoint is gone "
-    "and the new one too, leaving __0_0.distcp without .metadata; the error is 'cannot write s3://…/ckpt/"
-    ".metadata: copying into place failed (PermissionError)'"
-)
-
-
-@pytest.mark.parametrize(
-    "target", ["torch", pytest.param("dcp", marks=pytest.mark.xfail(strict=True, reason=_PUBLISH_BUG))]
-)
+@pytest.mark.parametrize("target", ["torch", "dcp"])
 def test_a_failure_while_publishing_a_replacement_leaves_the_old_checkpoint_intact(
     s3_server: S3Server, bucket: str, s3: Any, old_sources: Path, tmp_path: Path, target: str
 ) -> None:
@@ -202,9 +191,28 @@ def test_a_failure_while_publishing_a_replacement_leaves_the_old_checkpoint_inta
     before = _snapshot(s3, bucket)
     torch.save({"new.weight": torch.ones(3)}, tmp_path / "new.pt")
     s3_server.reset()
-    s3_server.fail(403, method="PUT", match=lambda method, path, query: path == last, times=None)
+    s3_server.fail(403, method="PUT", match=lambda method, path, query: path == last, times=1)
     with pytest.raises(DCPStudioError, match="cannot write"):
         convert(tmp_path / "new.pt", url, to=target, overwrite=True)  # type: ignore[arg-type]
     assert [r for r in s3_server.requests("PUT") if r.fault == "fail"], "no copy into place was refused"
     assert _snapshot(s3, bucket) == before
     assert_same(_read_all(url), OLD)
+
+
+def test_when_even_restoring_fails_the_message_says_where_the_old_checkpoint_is_kept(
+    s3_server: S3Server, bucket: str, s3: Any, old_sources: Path, tmp_path: Path
+) -> None:
+    """The destination's .metadata cannot be written at all: neither the new checkpoint nor the old
+    one can be put back in place; the old one is kept, whole, where the message says."""
+    url = _url(bucket, "dcp")
+    convert(old_sources, url, to="dcp")
+    torch.save({"new.weight": torch.ones(3)}, tmp_path / "new.pt")
+    s3_server.reset()
+    last = f"{bucket}/out/ckpt/.metadata"
+    s3_server.fail(403, method="PUT", match=lambda method, path, query: path == last, times=None)
+    with pytest.raises(DCPStudioError, match="restoring the replaced checkpoint failed too: it is kept at ") as info:
+        convert(tmp_path / "new.pt", url, to="dcp", overwrite=True)
+    s3_server.reset()
+    kept = str(info.value).rsplit("it is kept at ", 1)[1]
+    assert kept.startswith(f"s3://{bucket}/out/.ckpt.dcpstudio-tmp-"), kept
+    assert_same(_read_all(kept), OLD)
