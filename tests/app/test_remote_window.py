@@ -316,4 +316,7 @@ def test_a_slow_store_never_blocks_the_gui(
     timer.stop()
     assert opened >= SlowMemory.delay  # it did go through the slow store
     assert cells and (tmp_path / "out.safetensors").is_file() and len(gaps) > 20
-    assert max(gaps[1:]) < 0.1, f"GUI thread blocked for {max(gaps[1:]) * 1000:.0f} ms"
+    # Every request to the store takes SlowMemory.delay (0.3 s): one made on the GUI thread shows as a
+    # gap at least that long. Showing the opened checkpoint itself takes 50-130 ms of GUI work on
+    # this 2-core machine under load, remote or local, which is not what this test is about.
+    assert max(gaps[1:]) < SlowMemory.delay / 2, f"GUI thread blocked for {max(gaps[1:]) * 1000:.0f} ms"
