@@ -160,9 +160,15 @@ class MainWindow(QMainWindow):
             path, _ = QFileDialog.getOpenFileName(self, title, start)
         return Path(path) if path else None
 
-    def ask_url(self) -> str | None:
-        dialog = OpenUrlDialog(self.settings.recent_urls(), self)
+    def ask_url(self, title: str = "Open URL", label: str = "Checkpoint URL") -> str | None:
+        dialog = OpenUrlDialog(self.settings.recent_urls(), self, title=title, label=label)
         return dialog.url() if dialog.exec() == OpenUrlDialog.DialogCode.Accepted else None
+
+    def convert_to_url(self, target: str) -> None:
+        """Convert the open checkpoint to ``target`` in a remote store (uploaded as it is written)."""
+        url = self.ask_url(f"Convert to {target} at a URL", "Destination URL (written only when complete)")
+        if url:
+            self.panel.convert(target, dst=url)
 
     def confirm(self, text: str) -> bool:
         answer = QMessageBox.question(self, "DCP Studio", text)

@@ -87,6 +87,9 @@ def build_menus(w: Any) -> dict[str, QAction]:
     convert = bar.addMenu("&Convert")
     for n, (target, title) in enumerate(TARGETS.items(), 1):
         add(convert, f"to_{target}", f"To {title[2:]}…", lambda t=target: w.panel.convert(t), f"Ctrl+{n}")
+    to_url = convert.addMenu("To a &URL")
+    for target, title in TARGETS.items():
+        add(to_url, f"url_{target}", f"{title[2:]}…", lambda t=target: w.convert_to_url(t))
     convert.addSeparator()
     add(
         convert,

@@ -13,9 +13,16 @@ FORMS = ("s3://bucket/prefix", "gs://bucket/prefix", "az://container/prefix", "h
 
 
 class OpenUrlDialog(QDialog):
-    def __init__(self, recent: list[str], parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        recent: list[str],
+        parent: QWidget | None = None,
+        *,
+        title: str = "Open URL",
+        label: str = "Checkpoint URL",
+    ) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Open URL")
+        self.setWindowTitle(title)
         self.combo = QComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
@@ -36,7 +43,7 @@ class OpenUrlDialog(QDialog):
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("Checkpoint URL"))
+        lay.addWidget(QLabel(label))
         lay.addWidget(self.combo)
         lay.addWidget(self.hint)
         lay.addWidget(self.buttons)

@@ -214,6 +214,34 @@ def test_convert_remote_to_local_from_the_panel(
     assert window.panel.last_diff is not None and window.panel.last_diff.equal
 
 
+def test_convert_a_local_checkpoint_to_a_url_from_the_menu(
+    qtbot: Any, window: MainWindow, multirank_dcp: Path, tmp_path: Path, put: Put, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    window.open_path(multirank_dcp)
+    wait_open(qtbot, window, multirank_dcp.name)
+    bucket = put(multirank_dcp).rsplit("/", 1)[0]  # a bucket of the test's own in the in-memory store
+    asked: list[tuple[str, str]] = []
+
+    def ask_url(title: str = "", label: str = "") -> str:
+        asked.append((title, label))
+        return f"{bucket}/exported.safetensors"
+
+    monkeypatch.setattr(window, "ask_url", ask_url)
+    window.menu_actions["url_safetensors"].trigger()
+    finish(qtbot, window, "convert")
+    assert asked and "safetensors" in asked[0][0]
+    convert(multirank_dcp, tmp_path / "local.safetensors", to="safetensors")
+    fs = fsspec.filesystem("memory")
+    assert (
+        fs.cat_file(f"{bucket.split('://', 1)[1]}/exported.safetensors")
+        == (tmp_path / "local.safetensors").read_bytes()
+    )
+    assert window.panel.last_result is not None  # the report and Verify work as for a local result
+    qtbot.mouseClick(window.panel.verify_button, Qt.MouseButton.LeftButton)
+    finish(qtbot, window, "verify")
+    assert window.panel.last_diff is not None and window.panel.last_diff.equal
+
+
 def test_missing_url_is_one_line_in_the_message_bar_and_the_window_stays_usable(
     qtbot: Any, window: MainWindow, rich_pt: Path
 ) -> None:
