@@ -131,6 +131,12 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
         return RemoteError(f"{label}: access denied; check the credentials ({_CREDENTIALS.get(extra, 'the store')})")
     if "Credential" in name or "credential" in str(exc)[:300].lower():
         return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
+    if status is None and (name in _DROPPED or "payload is not completed" in str(exc)[:200]):
+        return RemoteError(
+            f"{label}: the connection was dropped during the transfer, again after retrying; retry later"
+        )
+    if status is None and name in _REFUSED:
+        return RemoteError(f"{label}: cannot {doing}: the server cannot be reached ({name}); check the address")
     what = f"HTTP {status}" if status else name
     detail = _URLS.sub("…", str(exc).strip().splitlines()[0] if str(exc).strip() else "")[:120]
     if detail and detail not in what:
@@ -138,6 +144,14 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
     return RemoteError(f"{label}: cannot {doing} ({what}); check the address and the network, then retry")
 
 
+_DROPPED = {
+    "ClientPayloadError",
+    "ServerDisconnectedError",
+    "ConnectionResetError",
+    "IncompleteRead",
+    "ReadTimeoutError",
+}
+_REFUSED = {"ClientConnectorError", "ConnectionRefusedError", "ClientConnectorDNSError", "EndpointConnectionError"}
 _URLS = re.compile(r"\S*://\S*|\S*[?&][A-Za-z-]+=\S*")  # addresses and query strings never reach a message
 
 
