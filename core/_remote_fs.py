@@ -132,9 +132,7 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
     if "Credential" in name or "credential" in str(exc)[:300].lower():
         return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
     if status is None and (name in _DROPPED or "payload is not completed" in str(exc)[:200]):
-        return RemoteError(
-            f"{label}: the connection was dropped during the transfer, again after retrying; retry later"
-        )
+        return RemoteError(f"{label}: cannot {doing}: the connection was dropped mid-transfer, each retry too")
     if status is None and name in _REFUSED:
         return RemoteError(f"{label}: cannot {doing}: the server cannot be reached ({name}); check the address")
     what = f"HTTP {status}" if status else name
