@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._blocks import blocks, box_slices
 from ._buffers import BufferPool
-from ._compare_values import Tally, add_block, same_bytes, sum_sq, unravel
+from ._compare_values import Tally, add_block, one_torch_thread, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
 from .inspect import Checkpoint
 from .model import Entry, dtype_name, refuse_expanded
@@ -259,7 +259,7 @@ def _rows(
     reporter.total_bytes = sum(
         x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
     )
-    with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads:
+    with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads, one_torch_thread():
         readers = (threads, BufferPool())
         for fqn, ea in a.entries.items():
             reporter.check()
