@@ -150,6 +150,12 @@ def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool =
 _PUBLISHED_LAST = (".metadata", ".index.json")
 
 
+def refuse_bucket(dst: Any) -> None:
+    """A bucket or container itself is never a destination: replacing it would clear what is not ours."""
+    if isinstance(dst, RemotePath) and dst.is_bucket:
+        raise DCPStudioError(f"cannot write {dst}: a bucket itself; write under a prefix in it, e.g. {dst}/ckpt")
+
+
 @contextlib.contextmanager
 def _remote_output(dst: RemotePath, overwrite: bool) -> Iterator[RemotePath]:
     """Object stores have no rename. A single object is uploaded in place: it appears only when its
@@ -158,6 +164,7 @@ def _remote_output(dst: RemotePath, overwrite: bool) -> Iterator[RemotePath]:
     replaced is written under a temporary sibling prefix first; only when it is complete is the old
     one copied aside (inside the store), removed, and the new one copied into place, ``.metadata``/
     index last; if that fails, the old one is copied back."""
+    refuse_bucket(dst)
     exists = dst.exists()
     if exists and not overwrite:
         raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")

@@ -106,7 +106,10 @@ def member_path(root: Any, name: Any, what: str) -> Any:
     if PurePosixPath(name).is_absolute() or os.path.isabs(name) or ".." in PurePosixPath(name.replace("\\", "/")).parts:
         raise CorruptCheckpointError(f"{root}: {shown} ({what}) lies outside the checkpoint; refusing to read it")
     if isinstance(root, RemotePath):  # no symlinks in stores; "?", "#" or "%2e%2e" would leave the prefix over HTTP
-        if any(p in ("", ".") for p in name.replace("\\", "/").split("/")) or any(c in name for c in "?#%\\"):
+        parts = name.split("/")
+        if any(p in ("", ".") or p != p.strip() for p in parts) or any(
+            c in "?#%\\" or ord(c) < 0x20 or c == "\x7f" for c in name
+        ):
             raise CorruptCheckpointError(f"{root}: {shown} ({what}) is not a plain relative name; refusing it")
         return root / name
     real_root = root.resolve()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._atomic import atomic_output
+from ._atomic import atomic_output, refuse_bucket
 from ._files import create_file, sync_file
 from ._io import FileRange
 from ._pipeline import prefetch
@@ -73,6 +73,7 @@ def check_paths(src: Path, dst: Path) -> None:
 def check_replaceable(dst: Path, target: Target, overwrite: bool) -> None:
     """An existing destination is replaced only with ``overwrite``, and only when it is a checkpoint
     of the target's kind (or an empty folder): never an arbitrary file or folder."""
+    refuse_bucket(dst)
     if not (dst.exists() or dst.is_symlink()):
         return
     if not overwrite:

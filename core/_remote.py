@@ -77,6 +77,11 @@ class RemotePath:
         return self.url < other.url
 
     @property
+    def is_bucket(self) -> bool:
+        """Whether this names a bucket or container itself (or a host's root), not something in it."""
+        return "/" not in self.path.split("://", 1)[-1].strip("/") and not self.http
+
+    @property
     def signed(self) -> bool:
         """Whether the URL carries a query (a signed URL names one object: nothing lies below it)."""
         return "?" in self.url
@@ -206,7 +211,10 @@ class RemotePath:
                 raise
 
     def remove_tree(self) -> None:
-        """Remove the object or everything under the prefix (quietly: there may be nothing)."""
+        """Remove the object or everything under the prefix (quietly: there may be nothing); never
+        a bucket or container itself."""
+        if self.is_bucket:
+            raise RemoteError(f"{self}: refusing to remove a whole bucket")
         with contextlib.suppress(RemoteError):
             call(self.url, "delete", self.fs.rm, self.path, recursive=True)
         with _info_lock:

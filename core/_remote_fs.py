@@ -129,7 +129,7 @@ def explain(exc: BaseException, url: str, doing: str = "read") -> RemoteError:
         return RemoteError(f"{label}: not found")
     if isinstance(exc, PermissionError) or status in (401, 403) or "AccessDenied" in name:
         return RemoteError(f"{label}: access denied; check the credentials ({_CREDENTIALS.get(extra, 'the store')})")
-    if "Credential" in name or "credential" in str(exc)[:300].lower():
+    if "Credential" in name or "credential" in _URLS.sub("", str(exc)[:300]).lower():
         return RemoteError(f"{label}: no credentials found; set them up ({_CREDENTIALS.get(extra, 'the store')})")
     if status is None and (name in _DROPPED or "payload is not completed" in str(exc)[:200]):
         return RemoteError(f"{label}: cannot {doing}: the connection was dropped mid-transfer, each retry too")
@@ -190,13 +190,29 @@ def transient(exc: BaseException) -> bool:
 _fs_lock = threading.Lock()
 
 
+CONNECT_TIMEOUT, READ_TIMEOUT = 30, 120  # seconds: a stalled server fails a request, then its retries
+
+
+def _timeouts(url: str) -> dict[str, Any]:
+    """Bounded waits for the backends whose defaults are long (aiohttp: 5 minutes per request)."""
+    kind = _EXTRAS.get(scheme(url))
+    if kind == "http":
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+        return {"client_kwargs": {"timeout": timeout}}
+    if kind == "s3":
+        return {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT}}
+    return {}
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec file system for ``url`` and the path inside it."""
     try:
         import fsspec.core
 
         with _fs_lock:
-            return fsspec.core.url_to_fs(url)
+            return fsspec.core.url_to_fs(url, **_timeouts(url))
     except ValueError as e:
         if "Protocol not known" in str(e) or "not known" in str(e):
             raise RemoteError(f"{shown_url(url)}: unsupported kind of address ({scheme(url)}://)") from None

@@ -9,6 +9,7 @@ import contextlib
 import io
 import threading
 import time
+from concurrent.futures import wait
 from typing import Any, Protocol
 
 from ._remote_fs import RemoteError, call, count, explain, threads
@@ -26,8 +27,8 @@ class _Where(Protocol):  # a RemotePath (above this module)
 __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter", "Spans", "shared_spans"]
 
 BLOCK = 256 << 10  # read-ahead unit for small reads
-CACHED_BYTES = 8 << 20  # read-ahead spans kept per file
-RUN_MAX = 4 << 20  # the largest read-ahead span, reached by reads walking through the file
+CACHED_BYTES = 4 << 20  # read-ahead spans kept per file
+RUN_MAX = 2 << 20  # the largest read-ahead span, reached by reads walking through the file
 PART = 8 << 20  # large reads are split into range requests of this size, fetched in parallel
 SEQUENTIAL_GAP = 1 << 20  # a large read starting this close after the last one streams
 UPLOAD_PART = 16 << 20  # multipart upload part size (memory held per file being written)
@@ -79,6 +80,27 @@ def shared_spans(url: str, size: int, etag: str) -> Spans | None:
         return spans
 
 
+_live: list[RemoteFile] = []  # files holding a stream, the most recent last
+_live_lock = threading.Lock()
+MAX_STREAMS = 2  # streams alive at once, whatever the number of files open (each holds up to ~100 MiB)
+
+
+def _track_stream(f: RemoteFile) -> None:
+    """Count ``f``'s new stream among the live ones; end the oldest beyond :data:`MAX_STREAMS` (a
+    file busy reading is skipped: its lock is not waited for, so two files never wait on each other)."""
+    with _live_lock:
+        if f in _live:
+            _live.remove(f)
+        _live.append(f)
+        victims = _live[:-MAX_STREAMS]
+    for v in victims:
+        if v._stream_lock.acquire(blocking=False):
+            try:
+                v._drop_stream()
+            finally:
+                v._stream_lock.release()
+
+
 class RemoteFile(io.RawIOBase):
     """A remote object read by byte range. :meth:`pread` is thread-safe (no shared position)."""
 
@@ -92,7 +114,7 @@ class RemoteFile(io.RawIOBase):
         self._spans = spans if spans is not None else Spans()
         self._stream: Stream | None = None  # serving a run of sequential reads
         self._stream_lock = threading.Lock()
-        self._last_end = -1  # where the last large read ended
+        self._last_end = -(1 << 62)  # where the last large read ended (none yet: a stream needs two)
         self._run_end, self._run_size = -(1 << 62), BLOCK  # the last read-ahead span's end and size
 
     def fileno(self) -> int:
@@ -165,14 +187,21 @@ class RemoteFile(io.RawIOBase):
             w = self.where
             self._stream = Stream(w.fs, w.path, w.url, self.label, offset, self.size)
             self._last_end = offset + n
+            _track_stream(self)
             return self._stream.read(offset, out)
 
     def close(self) -> None:
         with self._stream_lock:
-            if self._stream is not None:
-                self._stream.close()
-                self._stream = None
+            self._drop_stream()
         super().close()
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        with _live_lock:
+            if self in _live:
+                _live.remove(self)
 
     def _read_large(self, offset: int, out: memoryview) -> None:
         n = len(out)
@@ -185,8 +214,16 @@ class RemoteFile(io.RawIOBase):
         if len(spans) == 1:
             one(spans[0])
             return
-        for f in [threads().submit(one, s) for s in spans]:
-            f.result()
+        futures = [threads().submit(one, s) for s in spans]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            # the other parts still write into ``out``, which the caller frees once this raises
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            raise
 
     def _read_small(self, offset: int, out: memoryview, within: tuple[int, int] | None) -> None:
         n = len(out)
@@ -231,7 +268,8 @@ class RemoteWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         try:
-            self._f.write(view)
+            for start in range(0, len(view), UPLOAD_PART):  # s3fs buffers what it is given, whole
+                self._f.write(view[start : start + UPLOAD_PART])
         except Exception as e:
             raise explain(e, self.where.url, "write") from None
         self._pos += len(view)

@@ -50,7 +50,7 @@ def _pieces(fs: Any, path: str, start: int, end: int) -> Iterator[bytes]:
         try:
             status = getattr(getattr(f, "r", None), "status", 206)
             if status != 206 and start != 0:
-                raise RemoteError(f"{path}: the server ignores range requests")
+                raise RemoteError("the server ignores range requests")
             while piece := f.read(PIECE):
                 yield piece
         finally:
@@ -159,4 +159,4 @@ class Stream:
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
-        self._thread.join(timeout=5)
+        self._held.clear()  # the thread (a daemon) ends at its next piece; nobody waits for it

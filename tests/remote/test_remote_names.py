@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.core import CorruptCheckpointError, convert, open_checkpoint
+from dcpstudio.core import CorruptCheckpointError, DCPStudioError, convert, open_checkpoint
 from dcpstudio.core._files import member_path
 from dcpstudio.core._remote import RemotePath
 
@@ -59,3 +59,44 @@ def test_the_cli_reports_a_missing_backend_in_one_line() -> None:
         "dcpstudio: error: gs://bucket/ckpt: gs:// addresses need the optional 'gcs' extra: "
         "pip install 'dcpstudio[gcs]'"
     ]
+
+
+@pytest.mark.parametrize("name", [".\t./x.distcp", "a\r\n.distcp", " ../x", "x.distcp ", "a\x7fb"])
+def test_names_with_control_characters_or_edge_spaces_are_refused(name: str) -> None:
+    """yarl drops tabs and newlines from a URL and then resolves ``..``: ``.\\t./x`` would be ``../x``."""
+    with pytest.raises(CorruptCheckpointError, match="refusing"):
+        member_path(RemotePath("https://example.invalid/ckpt"), name, "DCP data file")
+
+
+def test_a_bucket_itself_is_never_a_destination(rich_pt: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    bucket = uuid.uuid4().hex
+    fs.pipe(f"/{bucket}/README.txt", b"someone else's")
+    for overwrite in (False, True):
+        with pytest.raises(DCPStudioError, match="a bucket itself; write under a prefix"):
+            convert(rich_pt, f"memory://{bucket}", to="dcp", overwrite=overwrite)
+    assert fs.cat_file(f"/{bucket}/README.txt") == b"someone else's"
+    convert(rich_pt, f"memory://{bucket}/ckpt", to="dcp")
+    assert fs.exists(f"/{bucket}/ckpt/.metadata") and fs.exists(f"/{bucket}/README.txt")
+
+
+def test_streams_stay_few_whatever_the_number_of_files(tmp_path: Path) -> None:
+    """Each stream may hold ~100 MiB: reading through a checkpoint of many large files keeps at most
+    two alive, and closing it ends them."""
+    import fsspec
+    import torch
+
+    from dcpstudio.core import _remote_io
+
+    torch.save({f"t{i}": torch.full((5 << 20,), float(i)) for i in range(4)}, tmp_path / "m.pt")  # 4 x 20 MiB
+    root = f"/{uuid.uuid4().hex}"
+    convert(tmp_path / "m.pt", f"memory:/{root}/ckpt", to="dcp", files=4)
+    assert len(fsspec.filesystem("memory").ls(f"{root}/ckpt")) == 5
+    seen = []
+    with open_checkpoint(f"memory:/{root}/ckpt") as ckpt:
+        for i in range(4):
+            assert float(ckpt.read_tensor(f"t{i}")[-1]) == i
+            seen.append(len(_remote_io._live))
+    assert max(seen) <= _remote_io.MAX_STREAMS and _remote_io._live == []
