@@ -24,7 +24,7 @@ class _Where(Protocol):  # a RemotePath (above this module)
     def forget(self) -> None: ...
 
 
-__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteWriter", "Spans", "shared_spans"]
+__all__ = ["BLOCK", "PART", "OffsetReader", "RemoteFile", "RemoteWriter", "Spans", "shared_spans"]
 
 BLOCK = 256 << 10  # read-ahead unit for small reads
 CACHED_BYTES = 4 << 20  # read-ahead spans kept per file
@@ -101,24 +101,18 @@ def _track_stream(f: RemoteFile) -> None:
                 v._stream_lock.release()
 
 
-class RemoteFile(io.RawIOBase):
-    """A remote object read by byte range. :meth:`pread` is thread-safe (no shared position)."""
+class OffsetReader(io.RawIOBase):
+    """A read-only binary file of ``length`` bytes, read at explicit offsets by :meth:`read_at`;
+    the position, seeking and ``readinto`` serve code that reads sequentially (zipfile, pickle)."""
 
-    def __init__(self, where: _Where, size: int, label: str, spans: Spans | None = None) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self.where = where
-        self.size = size
-        self.label = label
-        self.name = str(where)
+        self.length = length
         self._pos = 0
-        self._spans = spans if spans is not None else Spans()
-        self._stream: Stream | None = None  # serving a run of sequential reads
-        self._stream_lock = threading.Lock()
-        self._last_end = -(1 << 62)  # where the last large read ended (none yet: a stream needs two)
-        self._run_end, self._run_size = -(1 << 62), BLOCK  # the last read-ahead span's end and size
 
-    def fileno(self) -> int:
-        raise io.UnsupportedOperation("a remote object has no file descriptor")
+    def read_at(self, pos: int, out: memoryview) -> int:
+        """Fill ``out`` from ``pos`` (fewer bytes at the end); how many."""
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -130,14 +124,39 @@ class RemoteFile(io.RawIOBase):
         return self._pos
 
     def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.length}[whence]
         self._pos = max(0, base + pos)
         return self._pos
 
     def readinto(self, b: Any) -> int:
-        n = self.pread(self._pos, memoryview(b).cast("B"))
+        n = self.read_at(self._pos, memoryview(b).cast("B"))
         self._pos += n
         return n
+
+
+class RemoteFile(OffsetReader):
+    """A remote object read by byte range. :meth:`pread` is thread-safe (no shared position)."""
+
+    def __init__(self, where: _Where, size: int, label: str, spans: Spans | None = None) -> None:
+        super().__init__(size)
+        self.where = where
+        self.label = label
+        self.name = str(where)
+        self._spans = spans if spans is not None else Spans()
+        self._stream: Stream | None = None  # serving a run of sequential reads
+        self._stream_lock = threading.Lock()
+        self._last_end = -(1 << 62)  # where the last large read ended (none yet: a stream needs two)
+        self._run_end, self._run_size = -(1 << 62), BLOCK  # the last read-ahead span's end and size
+
+    @property
+    def size(self) -> int:
+        return self.length
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a remote object has no file descriptor")
+
+    def read_at(self, pos: int, out: memoryview) -> int:
+        return self.pread(pos, out)
 
     def readall(self) -> bytes:
         out = bytearray(max(0, self.size - self._pos))

@@ -9,7 +9,6 @@ faster than the miniz routine torch uses, and streams one record at a time.
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 import zipfile
@@ -18,6 +17,7 @@ from typing import IO, Any, BinaryIO
 
 from .._io import FileRange, copy_range, crc32
 from .._remote import RemoteFile
+from .._remote_io import OffsetReader
 from ..errors import CorruptCheckpointError
 
 __all__ = ["FileView", "ZipRecord", "ZipWriter", "read_zip_records"]
@@ -32,49 +32,29 @@ _CRC_AT = 14  # where a local header holds the CRC-32
 _DOS_DATE = 0x21  # 1980-01-01: outputs are byte-for-byte reproducible
 
 
-class FileView(io.RawIOBase):
+class FileView(OffsetReader):
     """A read-only window ``[offset, offset + length)`` of a seekable binary file."""
 
     def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
-        super().__init__()
+        super().__init__(length)
         self._f = f
         self._offset = offset
-        self._length = length
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
 
     def pread_exact(self, pos: int, out: bytearray) -> int:
         """Read ``out`` at ``pos`` of the window by one exact request (a remote file's record
         header: no read-ahead into the tensor bytes after it); 0 if it does not fit."""
-        if pos + len(out) > self._length or not isinstance(self._f, RemoteFile):
+        if pos + len(out) > self.length or not isinstance(self._f, RemoteFile):
             return 0
         return self._f.pread(self._offset + pos, memoryview(out), (self._offset + pos, self._offset + pos + len(out)))
 
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self._length - self._pos))
+    def read_at(self, pos: int, out: memoryview) -> int:
+        n = max(0, min(len(out), self.length - pos))
         if n == 0:
             return 0
         if isinstance(self._f, RemoteFile):  # read ahead inside the window only
-            got = self._f.pread(self._offset + self._pos, view[:n], (self._offset, self._offset + self._length))
-        else:
-            self._f.seek(self._offset + self._pos)
-            got = self._f.readinto(view[:n])  # type: ignore[attr-defined]
-        self._pos += got
-        return got
+            return self._f.pread(self._offset + pos, out[:n], (self._offset, self._offset + self.length))
+        self._f.seek(self._offset + pos)
+        return int(self._f.readinto(out[:n]))  # type: ignore[attr-defined]
 
 
 class ZipRecord:
