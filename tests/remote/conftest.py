@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests._gui import qt_settings, window  # noqa: F401 - fixtures for the window tests here
 from tests.remote.servers import RangeHTTPServer, S3Server
 
 # Variables that would send botocore elsewhere or to other credentials than ours.
@@ -153,25 +154,3 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> s
     assert len(lines) == 1 and lines[0].startswith("dcpstudio: error: "), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     return lines[0].removeprefix("dcpstudio: error: ")
-
-
-@pytest.fixture
-def settings_dir(tmp_path: Path, qapp: Any) -> Iterator[Path]:
-    """QSettings written under the test's temporary directory, never the user's."""
-    from PySide6.QtCore import QSettings
-
-    where = tmp_path / "settings"
-    for fmt in (QSettings.Format.NativeFormat, QSettings.Format.IniFormat):
-        QSettings.setPath(fmt, QSettings.Scope.UserScope, str(where))
-    yield where
-
-
-@pytest.fixture
-def window(qtbot: Any, settings_dir: Path) -> Iterator[Any]:
-    from dcpstudio.app.main_window import MainWindow
-
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    yield w
-    w.close()

@@ -92,7 +92,7 @@ def test_no_credential_ever_appears_in_an_error(
 def test_no_credential_is_written_to_the_window_settings(
     qtbot: Any,
     window: Any,
-    settings_dir: Path,
+    qt_settings: Path,
     s3_server: S3Server,
     bucket: str,
     s3: Any,
@@ -121,7 +121,7 @@ def test_no_credential_is_written_to_the_window_settings(
     seen.append(window.message_bar.text())
     assert f"{http_root.url}/missing.pt" in seen[-1]
     window.close()
-    files = [p for p in settings_dir.rglob("*") if p.is_file()]
+    files = [p for p in qt_settings.rglob("*") if p.is_file()]
     stored = b"".join(p.read_bytes() for p in files)
     assert f"s3://{bucket}/m.pt".encode() in stored, files
     assert not [s for s in SECRETS if s.encode() in stored]

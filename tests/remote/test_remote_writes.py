@@ -122,15 +122,24 @@ def test_cancel_during_an_upload_aborts_it(
     assert _snapshot(s3, bucket) == {}
 
 
-@pytest.mark.parametrize("target", ["torch", "safetensors", "dcp", "sharded"])
-def test_an_existing_destination_is_never_replaced_without_overwrite(
-    s3_server: S3Server, bucket: str, s3: Any, old_sources: Path, big_pt: Path, target: str
-) -> None:
+def _old_checkpoint(
+    s3_server: S3Server, bucket: str, s3: Any, old_sources: Path, target: str
+) -> tuple[str, dict[str, bytes]]:
+    """The old checkpoint written at ``target``'s URL; the URL and the bucket's contents, with the
+    server's log cleared."""
     url = _url(bucket, target)
     fmt = "safetensors" if target == "sharded" else target
     convert(old_sources, url + ("/" if target == "sharded" else ""), to=fmt)  # type: ignore[arg-type]
     before = _snapshot(s3, bucket)
     s3_server.reset()
+    return url, before
+
+
+@pytest.mark.parametrize("target", ["torch", "safetensors", "dcp", "sharded"])
+def test_an_existing_destination_is_never_replaced_without_overwrite(
+    s3_server: S3Server, bucket: str, s3: Any, old_sources: Path, big_pt: Path, target: str
+) -> None:
+    url, before = _old_checkpoint(s3_server, bucket, s3, old_sources, target)
     message = _convert(big_pt, url, target, cli=target == "dcp")
     assert message == f"{url} already exists; pass --overwrite to replace it"
     assert {r.method for r in s3_server.log} <= {"GET", "HEAD"}
@@ -166,11 +175,7 @@ def test_overwrite_replaces_a_checkpoint_whole(
 def test_an_overwrite_failing_midway_leaves_the_old_checkpoint_intact(
     s3_server: S3Server, bucket: str, s3: Any, s3_client: Any, old_sources: Path, big_pt: Path, target: str
 ) -> None:
-    url = _url(bucket, target)
-    fmt = "safetensors" if target == "sharded" else target
-    convert(old_sources, url + ("/" if target == "sharded" else ""), to=fmt)  # type: ignore[arg-type]
-    before = _snapshot(s3, bucket)
-    s3_server.reset()
+    url, before = _old_checkpoint(s3_server, bucket, s3, old_sources, target)
     s3_server.fail_upload_part(1, times=None)
     message = _convert(big_pt, url, target, cli=target == "dcp", overwrite=True)
     assert "cannot write" in message, message
