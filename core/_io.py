@@ -11,11 +11,11 @@ import io
 import os
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from ._buffers import new_tensor
+from ._pipeline import prefetch
 from ._remote import RemoteFile
 from .dtypes import dtype_of
 from .errors import CorruptCheckpointError
@@ -137,23 +137,17 @@ def copy_range(src: FileRange, dst: IO[bytes], label: str) -> None:
         dst.seek(0, os.SEEK_END)  # the copy moved the descriptor under the buffered writer
         return
 
-    def read(offset: int, n: int) -> bytearray:
-        buf = bytearray(n)
-        if pread_into(src.fd, memoryview(buf), offset) < n:
+    first = src.start()
+    end = first + src.nbytes
+
+    def read(offset: int) -> bytearray:
+        buf = bytearray(min(_PIECE, end - offset))
+        if pread_into(src.fd, memoryview(buf), offset) < len(buf):
             raise CorruptCheckpointError(f"{label}: the file ends early (truncated?)")
         return buf
 
-    first = src.start()
-    end = first + src.nbytes
-    with ThreadPoolExecutor(1, thread_name_prefix="dcpstudio-copy") as reader:
-        pos = first
-        ahead = reader.submit(read, pos, min(_PIECE, end - pos)) if end > pos else None
-        while ahead is not None:
-            buf = ahead.result()
-            pos += len(buf)
-            ahead = reader.submit(read, pos, min(_PIECE, end - pos)) if pos < end else None
-            dst.write(buf)
-            del buf
+    for _, buf in prefetch(read, range(first, end, _PIECE)):
+        dst.write(buf)
 
 
 _PIECE = 32 << 20
