@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._remote_fs import FetchStats, RemoteError, call, fetch_stats, filesystem, is_url, scheme, shown_url
+from ._remote_fs import FetchStats, Memo, RemoteError, call, fetch_stats, filesystem, is_url, scheme, shown_url
 from ._remote_io import RemoteFile, RemoteWriter, shared_spans
 
 __all__ = [
@@ -33,9 +31,8 @@ __all__ = [
     "shown_url",
 ]
 
-_infos: dict[str, tuple[float, dict[str, Any]]] = {}
-_info_lock = threading.Lock()
 INFO_TTL = 10.0
+_infos: Memo[str, dict[str, Any]] = Memo(INFO_TTL)
 # what a folder served over HTTP is probed for (no listings there)
 _KNOWN_FILES = (
     ".metadata",
@@ -132,24 +129,16 @@ class RemotePath:
         """The store's description of the object (size, ETag, modification time): asked once per
         object within a few seconds, so that opening a checkpoint does not ask again and again."""
         if self._info is None:
-            now = time.monotonic()
-            with _info_lock:
-                seen = _infos.get(self.url)
-            if seen is not None and now - seen[0] < INFO_TTL:
-                self._info = seen[1]
-            else:
+            self._info = _infos.get(self.url)
+            if self._info is None:
                 self._info = call(self.url, "read", self.fs.info, self.path)
-                with _info_lock:
-                    _infos[self.url] = (now, self._info)
-                    while len(_infos) > 4096:
-                        del _infos[next(iter(_infos))]
+                _infos.put(self.url, self._info)
         return self._info
 
     def forget(self) -> None:
         """Drop what is known of the object (it was written or removed)."""
         self._info = None
-        with _info_lock:
-            _infos.pop(self.url, None)
+        _infos.forget(lambda url: url == self.url)
 
     def _probe(self) -> dict[str, Any] | None:
         try:
@@ -217,9 +206,7 @@ class RemotePath:
             raise RemoteError(f"{self}: refusing to remove a whole bucket")
         with contextlib.suppress(RemoteError):
             call(self.url, "delete", self.fs.rm, self.path, recursive=True)
-        with _info_lock:
-            for url in [u for u in _infos if u == self.url or u.startswith(self.url + "/")]:
-                del _infos[url]
+        _infos.forget(lambda url: url == self.url or url.startswith(self.url + "/"))
         self._info = None
 
     # -- opening -------------------------------------------------------------------------------

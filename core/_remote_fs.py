@@ -12,15 +12,17 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import DCPStudioError
 
 __all__ = [
     "FetchStats",
+    "Memo",
     "RemoteError",
     "call",
     "count",
@@ -240,6 +242,61 @@ def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         time.sleep(delay)
         delay *= 2.5
     raise AssertionError("unreachable")
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """Values remembered for ``ttl`` seconds from when they were stored (at most ``most`` of them,
+    the oldest forgotten first); thread-safe."""
+
+    def __init__(self, ttl: float, most: int = 4096) -> None:
+        self.ttl, self.most = ttl, most
+        self._values: dict[K, tuple[float, V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            return self._fresh(key, time.monotonic())
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._store(key, value, time.monotonic())
+
+    def setdefault(self, key: K, make: Callable[[], V]) -> V:
+        """The value remembered for ``key``, else ``make()``'s, remembered from now."""
+        with self._lock:
+            now = time.monotonic()
+            value = self._fresh(key, now)
+            if value is None:
+                value = make()
+                self._store(key, value, now)
+            return value
+
+    def forget(self, which: Callable[[K], bool]) -> None:
+        with self._lock:
+            for key in [k for k in self._values if which(k)]:
+                del self._values[key]
+
+    def _fresh(self, key: K, now: float) -> V | None:
+        seen = self._values.get(key)
+        if seen is None:
+            return None
+        if now - seen[0] >= self.ttl:
+            del self._values[key]
+            return None
+        return seen[1]
+
+    def _store(self, key: K, value: V, now: float) -> None:
+        self._values.pop(key, None)
+        self._values[key] = (now, value)  # kept in the order stored: the oldest first
+        while self._values:
+            oldest = next(iter(self._values))
+            if len(self._values) <= self.most and now - self._values[oldest][0] < self.ttl:
+                break
+            del self._values[oldest]
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-import time
 from concurrent.futures import wait
 from typing import Any, Protocol
 
-from ._remote_fs import RemoteError, call, count, explain, threads
+from ._remote_fs import Memo, RemoteError, call, count, explain, threads
 from ._remote_stream import Stream
 
 
@@ -60,9 +59,8 @@ class Spans:
                 self._cached -= len(self._spans.pop(0)[1])
 
 
-_shared: dict[tuple[str, int, str], tuple[float, Spans]] = {}
-_shared_lock = threading.Lock()
 SHARED_FOR = 10.0  # seconds
+_shared: Memo[tuple[str, int, str], Spans] = Memo(SHARED_FOR)
 
 
 def shared_spans(url: str, size: int, etag: str) -> Spans | None:
@@ -70,14 +68,7 @@ def shared_spans(url: str, size: int, etag: str) -> Spans | None:
     few seconds -- format detection and the reader then fetch its header once -- or new ones."""
     if not etag:
         return None
-    now = time.monotonic()
-    with _shared_lock:
-        for key in [k for k, (t, _) in _shared.items() if now - t > SHARED_FOR]:
-            del _shared[key]
-        seen = _shared.get((url, size, etag))
-        spans = seen[1] if seen is not None else Spans()
-        _shared[(url, size, etag)] = (seen[0] if seen else now, spans)
-        return spans
+    return _shared.setdefault((url, size, etag), Spans)
 
 
 _live: list[RemoteFile] = []  # files holding a stream, the most recent last
