@@ -42,11 +42,13 @@ __all__ = [
     "DCP_METADATA_CLASSES",
     "LazyStorages",
     "LightRecord",
+    "Restricted",
     "TorchPickler",
     "gc_paused",
     "load_light_metadata",
     "load_light_metadata_head",
     "load_torch_pickle",
+    "protocol4_frames",
 ]
 
 
@@ -78,7 +80,7 @@ def unsafe_message(label: str, what: str) -> str:
     )
 
 
-class _Restricted(pickle.Unpickler):
+class Restricted(pickle.Unpickler):
     """Resolves a pickle's globals through ``allowed``; anything else is refused (or, when
     ``trust``, imported as plain pickle would)."""
 
@@ -141,7 +143,7 @@ def _load(
     info = scan(data, label)
 
     def run() -> Any:
-        unpickler = _Restricted(YieldingStream(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
+        unpickler = Restricted(YieldingStream(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
         unpickler._storages = storages
         with gc_paused():
             return unpickler.load()
@@ -267,9 +269,10 @@ def load_light_metadata(data: bytes, label: str, *, trust: bool = False) -> Any:
 _STORAGE_KEY = b"\x8c\x0cstorage_data\x94"  # SHORT_BINUNICODE "storage_data", MEMOIZE
 
 
-def _frames(data: bytes) -> list[tuple[int, int]] | None:
-    """``(start, end)`` of each protocol-4 frame, or None when the stream is not fully framed."""
-    if data[:2] != b"\x80\x04":
+def protocol4_frames(data: bytes) -> list[tuple[int, int]] | None:
+    """``(start, end)`` of each frame of a protocol 4 or 5 stream, or None when the stream is not
+    wholly framed (the last frame ending where the stream does)."""
+    if data[:2] not in (b"\x80\x04", b"\x80\x05"):
         return None
     frames = []
     pos = 2
@@ -279,7 +282,7 @@ def _frames(data: bytes) -> list[tuple[int, int]] | None:
         length = int.from_bytes(data[pos + 1 : pos + 9], "little")
         frames.append((pos, pos + 9 + length))
         pos += 9 + length
-    return frames
+    return frames if pos == len(data) else None
 
 
 def load_light_metadata_head(data: bytes, label: str) -> Any | None:
@@ -291,7 +294,7 @@ def load_light_metadata_head(data: bytes, label: str) -> Any | None:
     unpickles that, with the same allow-list. Returns None when the stream does not have the
     expected shape; the caller then parses everything.
     """
-    frames = _frames(data)
+    frames = protocol4_frames(data)
     if frames is None:
         return None
     pos = data.find(_STORAGE_KEY)

@@ -93,6 +93,7 @@ _MAX_STACK = 2 << 30
 class StreamInfo:
     end: int  # offset just after the STOP opcode
     nesting: int  # at least the hashable containers it builds: an upper bound on their nesting depth
+    puts: int = 0  # memo stores at an index the stream gives (PUT, BINPUT, LONG_BINPUT), not MEMOIZE
 
 
 def _damaged(label: str, why: str) -> CorruptCheckpointError:
@@ -110,6 +111,7 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
     n = len(data)
     i = start
     run, step, kinds, lengths = _RUN.match, _STEP, _KIND, _LEN
+    puts = 0
     while i < n:
         i = run(data, i).end()  # type: ignore[union-attr]  # matches the empty run at least
         if i >= n:
@@ -126,19 +128,21 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
                 raise _damaged(label, "negative length")
             i += width + size
         elif kind == _PUT:
+            puts += 1
             width = lengths[op]
             _check_memo(int.from_bytes(data[i : i + width], "little"), i - start, label)
             i += width
         elif kind == _STOP:
             stream = data if isinstance(data, bytes) else bytes(data[start:i])
             a, b = (start, i) if stream is data else (0, len(stream))
-            return StreamInfo(i, sum(stream.count(code, a, b) for code in _NESTING_OPS))
+            return StreamInfo(i, sum(stream.count(code, a, b) for code in _NESTING_OPS), puts)
         elif kind in (_LINES, _PUT_LINE):
             for _ in range(2 if op in _TWO_LINES else 1):
                 end = data.find(b"\n", i)
                 if end < 0:
                     raise _damaged(label, "unterminated text argument")
                 if kind == _PUT_LINE:
+                    puts += 1
                     text = bytes(data[i:end])
                     if not text.isdigit():
                         raise _damaged(label, "bad memo index")

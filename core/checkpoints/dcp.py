@@ -17,7 +17,7 @@ from .._buffers import new_tensor
 from .._files import member_path, read_regular
 from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
-from .._refs import StorageRef, TensorRef
+from .._refs import StorageRef
 from .._tensor_io import to_bytes
 from ..errors import CorruptCheckpointError
 from ..formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
@@ -26,15 +26,20 @@ from ..formats.detect import Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
+from .dcp_fast import Head
 from .dcp_metadata import (
     build_in_child,
     byte_size,
     cache_key,
     cache_wanted,
     cached_index,
+    check_head,
+    check_stored,
     dispose,
     entries_from_metadata,
+    full_after_head,
     head_first,
+    open_fast,
     parse_in_child,
     same_entries,
     same_metadata,
@@ -66,7 +71,8 @@ class DCPCheckpoint(Checkpoint):
     """A large ``.metadata`` opens from its head (names, dtypes, shapes) and its storage index is
     parsed on first use into a :class:`DCPIndex`, which is kept in the user's cache
     (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next time, with no
-    pickle read at all. Chunk tables are checked when first asked for, wherever they came from.
+    pickle read at all. Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`).
+    Chunk tables are checked when first asked for, wherever they came from.
 
     ``full_index``: parse the storage index at once (a large one in a child process:
     :func:`.dcp_metadata.build_in_child`) instead of the head first -- for a caller that needs
@@ -81,6 +87,7 @@ class DCPCheckpoint(Checkpoint):
         self._md: Any = None
         self._data = b""
         self._head_only = False
+        self._head: Head | None = None  # a large .metadata's head, read by .dcp_fast
         self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
         if cached is None and full_index and not trust_pickle and parse_in_child(md_path):
@@ -91,7 +98,9 @@ class DCPCheckpoint(Checkpoint):
             self._index, entries = cached
             super().__init__(path, entries, {"version": self._index.version})
         else:
-            super().__init__(path, self._open_pickle(path, md_path), {"version": getattr(self._md, "version", None)})
+            entries = self._open_pickle(path, md_path)
+            version = getattr(self._md, "version", None) if self._index is None else self._index.version
+            super().__init__(path, entries, {"version": version})
         self._chunks: dict[str, list[Chunk]] = {}
         self._transforms: dict[str, dict[tuple[int, ...], tuple[str, ...]]] = {}
         self._raw: dict[tuple[str, tuple[int, ...]], int | None] = {}  # parsed once per chunk
@@ -100,6 +109,11 @@ class DCPCheckpoint(Checkpoint):
     def _open_pickle(self, path: Path, md_path: Path) -> dict[str, Entry]:
         label = str(path / METADATA_FILE)
         data = read_regular(md_path, METADATA_LIMIT, label)
+        fast = open_fast(data, label, self._trust)
+        if fast is not None:
+            entries, self._head, self._index = fast
+            self._head_only, self._data = self._index is None, data
+            return entries
         md: Any = None
         if head_first(len(data), self._trust):
             md = load_light_metadata_head(data, label)  # storage index parsed on first use
@@ -127,13 +141,12 @@ class DCPCheckpoint(Checkpoint):
             index, entries = built
             if not same_entries(entries, self.entries):
                 raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
-            for fqn, entry in self.entries.items():
-                if entry.kind == "bytes":
-                    entry.byte_size = byte_size(index, fqn)
-            store_index(md_path, index, self._key)
-            md, self._md, self._data = self._md, None, b""
-            dispose(md)
-            return index
+            if self._head is not None:
+                check_head(self._head, entries, index, str(md_path))
+            return self._indexed(index)
+        if self._head is not None:  # read by .dcp_fast: the whole stream, now, the same way
+            index, _ = full_after_head(self._data, str(md_path), self._head)
+            return self._indexed(index)
         if self._head_only:  # the whole pickle, now: it must say what its head said
             full = load_light_metadata(self._data, str(md_path))
             if not same_metadata(self._md, full):
@@ -145,13 +158,16 @@ class DCPCheckpoint(Checkpoint):
         if not isinstance(getattr(self._md, "storage_data", None), dict):
             raise CorruptCheckpointError(f"{md_path}: has no storage index")
         rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in self.entries.values()]
-        index = DCPIndex.from_metadata(self._md, rows)
+        return self._indexed(DCPIndex.from_metadata(self._md, rows))
+
+    def _indexed(self, index: DCPIndex) -> DCPIndex:
+        """Take ``index`` as the storage index: sizes of byte items, the cache; free the records."""
         for fqn, entry in self.entries.items():
             if entry.kind == "bytes":
                 entry.byte_size = byte_size(index, fqn)
         if not self._trust:  # a trusted pickle may hold anything: never cached
-            store_index(md_path, index, self._key)
-        self._data = b""
+            store_index(self.path / METADATA_FILE, index, self._key)
+        self._data, self._head = b"", None
         md, self._md = self._md, None
         dispose(md)
         return index
@@ -184,6 +200,9 @@ class DCPCheckpoint(Checkpoint):
             return 1
         if self._index is not None:
             return self._index.chunk_count(fqn)
+        if self._head is not None:
+            count = self._head.counts.get(fqn)
+            return count if count is not None else len(self.chunks(fqn))
         listed = getattr(self._md.state_dict_metadata.get(fqn), "chunks", None)
         return len(listed) if isinstance(listed, (list, tuple)) else len(self.chunks(fqn))
 
@@ -243,7 +262,7 @@ class DCPCheckpoint(Checkpoint):
         if c.file is not None and not self._descriptors(fqn, c.offsets):
             f, offset, length, label = self._item_bytes(c, fqn, 0)
             parsed = open_chunk(f, offset, length, label, fqn)
-            _check_stored(parsed.tensor, self.entries[fqn], c, label)
+            check_stored(parsed.tensor, self.entries[fqn], c, label)
             raw = parsed.raw_offset()
         self._raw[key] = raw
         return raw
@@ -268,7 +287,7 @@ class DCPCheckpoint(Checkpoint):
             return None
         f, offset, length, label = self._item_bytes(c, fqn, 0)
         parsed = open_chunk(f, offset, length, label, fqn)
-        _check_stored(parsed.tensor, entry, c, label)
+        check_stored(parsed.tensor, entry, c, label)
         return parsed.file_range(source_of(f), entry.dtype, entry.shape or ())
 
     @_damaged_metadata
@@ -291,7 +310,7 @@ class DCPCheckpoint(Checkpoint):
             f, offset, length, label = self._item_bytes(c, fqn, entry.nbytes + (1 << 20))
             parsed = open_chunk(f, offset, length, label, fqn)
             t, raw = parsed.tensor, parsed.raw_offset()
-            _check_stored(t, entry, c, label)
+            check_stored(t, entry, c, label)
             if raw is None:
                 return to_bytes(self.read_tensor(fqn))
             start = (c.offsets[0] if c.offsets else 0) * row_bytes
@@ -379,11 +398,3 @@ class DCPCheckpoint(Checkpoint):
 
     def close(self) -> None:
         self._files.close()
-
-
-def _check_stored(t: TensorRef, entry: Entry, c: Chunk, label: str) -> None:
-    """A stored chunk holds what the metadata says it holds."""
-    if t.dtype is not entry.dtype or t.shape != c.sizes:
-        raise CorruptCheckpointError(
-            f"{label}: the chunk stores {t.dtype} {list(t.shape)}; the metadata says {entry.dtype} {list(c.sizes)}"
-        )

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import _index_cache, errors
-from .._pickle import gc_paused
+from .._pickle import gc_paused, load_light_metadata
+from .._refs import TensorRef
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError
 from ..formats.dcp_index import DCPIndex, small_ints
-from ..model import Entry
+from ..model import Chunk, Entry
+from .dcp_fast import Head, fast_head, fast_index, same_head
 
 __all__ = [
     "CACHE_ABOVE",
@@ -29,10 +31,14 @@ __all__ = [
     "cache_key",
     "cache_wanted",
     "cached_index",
+    "check_head",
+    "check_stored",
     "dispose",
     "entries_from_index",
     "entries_from_metadata",
+    "full_after_head",
     "head_first",
+    "open_fast",
     "parse_in_child",
     "same_entries",
     "same_metadata",
@@ -248,3 +254,47 @@ def store_index(md_path: Path, index: DCPIndex, key: dict[str, Any] | None) -> N
     (taken before it was read) names, and large; silently nothing when the cache cannot be written."""
     if key is not None and cache_wanted(md_path) and not IN_CHILD:
         _index_cache.store(md_path, _CACHE_KIND, index.to_bytes(), expect=key)
+
+
+def open_fast(data: bytes, label: str, trust: bool) -> tuple[dict[str, Entry], Head | None, DCPIndex | None] | None:
+    """A large ``.metadata`` opened by :mod:`.dcp_fast`: its entries with its head (the storage index
+    parsed when first used), or -- in the child that parses it for a caller -- with its whole index.
+    None when that parser does not take the stream (the generic parse then does)."""
+    if trust or len(data) <= HEAD_ONLY_ABOVE:
+        return None
+    if IN_CHILD:
+        found = fast_index(data, label)
+        return None if found is None else (found[1], None, found[0])
+    head = fast_head(data, label)
+    return None if head is None else (dict(head.entries), head, None)
+
+
+def full_after_head(data: bytes, label: str, head: Head) -> tuple[DCPIndex, dict[str, Entry]]:
+    """The whole index of a ``.metadata`` opened from its :class:`~.dcp_fast.Head` (in this process),
+    which must say what its head said."""
+    found = fast_index(data, label)
+    if found is None:  # the generic parse (which reports what is wrong, if anything)
+        full = load_light_metadata(data, label)
+        if not isinstance(getattr(full, "storage_data", None), dict):
+            raise CorruptCheckpointError(f"{label}: has no storage index")
+        entries = entries_from_metadata(full, label)
+        rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in entries.values()]
+        found = DCPIndex.from_metadata(full, rows), entries
+        dispose(full)
+    check_head(head, found[1], found[0], label)
+    return found
+
+
+def check_head(head: Head, entries: dict[str, Entry], index: DCPIndex, label: str) -> None:
+    if not same_head(head, entries, index):
+        raise CorruptCheckpointError(
+            f"{label}: its entries are set twice, differently; refusing an ambiguous checkpoint"
+        )
+
+
+def check_stored(t: TensorRef, entry: Entry, c: Chunk, label: str) -> None:
+    """A stored chunk holds what the metadata says it holds."""
+    if t.dtype is not entry.dtype or t.shape != c.sizes:
+        raise CorruptCheckpointError(
+            f"{label}: the chunk stores {t.dtype} {list(t.shape)}; the metadata says {entry.dtype} {list(c.sizes)}"
+        )

@@ -16,6 +16,8 @@ import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain, repeat
+from operator import mul
 from typing import Any
 
 __all__ = ["DCPIndex", "Stored", "small_ints"]
@@ -86,6 +88,8 @@ class DCPIndex:
         self.length = array("q")
         self.transform = array("i")
         self._position: dict[str, int] | None = None
+        # while building: ids of the dtype names, file names and transform lists met so far
+        self._ids: tuple[dict[str, int], dict[str, int], dict[tuple[str, ...], int]] = ({}, {}, {})
 
     # -- building ---------------------------------------------------------------------------------
     @classmethod
@@ -104,70 +108,126 @@ class DCPIndex:
             if per is None:
                 per = storage[fqn] = {}
             per[() if offset is None else offset] = info
-        file_ids: dict[str, int] = {}
-        transform_ids: dict[tuple[str, ...], int] = {}
-        dtype_ids: dict[str, int] = {}
         sdm = md.state_dict_metadata
-        boxes, file, offset, length, transform = out.boxes, out.file, out.offset, out.length, out.transform
         no_chunks: dict[Any, Any] = {}
         for name, dtype, shape in entries:
-            k = len(out.names)
-            out.names.append(name)
-            out.dtype.append(-1 if dtype is None else dtype_ids.setdefault(dtype, len(dtype_ids)))
-            out.dims.extend(shape or ())
-            out.shape_start.append(len(out.dims))
-            b0, c0 = len(boxes), len(file)
-            per = storage.get(name, no_chunks)
-            try:
-                if dtype is None:
-                    listed: Any = [None]
-                else:
-                    listed = sdm[name].chunks
-                    if not isinstance(listed, (list, tuple)):
-                        raise TypeError("chunks is not a list")
-                ndim = len(shape or ())
-                for c in listed:
-                    o = () if c is None else c.offsets
-                    if c is not None:
-                        sizes = c.sizes
-                        if len(o) != ndim or len(sizes) != ndim:
-                            raise TypeError("a chunk's dimensions differ from its tensor's")
-                        boxes.extend(o)  # TypeError unless integers
-                        boxes.extend(sizes)
-                    info = per.get(o)
-                    if info is None:
-                        file.append(-1)
-                        offset.append(0)
-                        length.append(0)
-                        transform.append(-1)
-                        continue
-                    where = info.relative_path
-                    if type(where) is not str:
-                        raise TypeError("storage info needs a file name")
-                    offset.append(info.offset)
-                    length.append(info.length)
-                    file.append(file_ids.setdefault(where, len(file_ids)))
-                    steps = getattr(info, "transform_descriptors", None)
-                    if steps:
-                        if not isinstance(steps, (list, tuple)) or not all(type(t) is str for t in steps):
-                            raise TypeError("storage info has invalid transform descriptors")
-                        transform.append(transform_ids.setdefault(tuple(steps), len(transform_ids)))
-                    else:
-                        transform.append(-1)
-                if min(boxes[b0:], default=0) < 0 or min(offset[c0:], default=0) < 0 or min(length[c0:], default=0) < 0:
-                    raise TypeError("expected non-negative integers")
-            except (AttributeError, TypeError, IndexError, KeyError, OverflowError) as e:
-                out.errors[k] = f"{type(e).__name__}: {e}"
-                for arr, at in ((boxes, b0), (file, c0), (offset, c0), (length, c0), (transform, c0)):
-                    del arr[at:]
-            out.chunk_start.append(len(file))
-            out.box_start.append(len(boxes))
-        out.dtype_names = list(dtype_ids)
-        out.files = list(file_ids)
-        out.transforms = [list(t) for t in transform_ids]
-        out.version = md.__dict__.get("version")
-        out.planner_data = json.dumps(_json_paths(getattr(md, "planner_data", None)), separators=(",", ":"))
+            listed: Any = [None] if dtype is None else (lambda name=name: sdm[name].chunks)
+            out.add(name, dtype, shape, listed, storage.get(name, no_chunks).get)
+        out.finish(md)
         return out
+
+    def add(self, name: str, dtype: str | None, shape: Sequence[int] | None, listed: Any, stored: Any) -> None:
+        """Append entry ``name``: its chunk records ``listed`` (or a function returning them; ``[None]``
+        for a non-tensor value) and ``stored(offsets)``, the storage info of the chunk at ``offsets``
+        (None: none listed). A damaged chunk list is recorded in ``errors``."""
+        ids = self._ids
+        k = len(self.names)
+        self.names.append(name)
+        self.dtype.append(-1 if dtype is None else ids[0].setdefault(dtype, len(ids[0])))
+        self.dims.extend(shape or ())
+        self.shape_start.append(len(self.dims))
+        boxes, file, offset, length, transform = self.boxes, self.file, self.offset, self.length, self.transform
+        b0, c0 = len(boxes), len(file)
+        try:
+            if callable(listed):
+                listed = listed()
+                if not isinstance(listed, (list, tuple)):
+                    raise TypeError("chunks is not a list")
+            ndim = len(shape or ())
+            for c in listed:
+                o = () if c is None else c.offsets
+                if c is not None:
+                    sizes = c.sizes
+                    if len(o) != ndim or len(sizes) != ndim:
+                        raise TypeError("a chunk's dimensions differ from its tensor's")
+                    boxes.extend(o)  # TypeError unless integers
+                    boxes.extend(sizes)
+                info = stored(o)
+                if info is None:
+                    file.append(-1)
+                    offset.append(0)
+                    length.append(0)
+                    transform.append(-1)
+                    continue
+                where = info.relative_path
+                if type(where) is not str:
+                    raise TypeError("storage info needs a file name")
+                offset.append(info.offset)
+                length.append(info.length)
+                file.append(ids[1].setdefault(where, len(ids[1])))
+                steps = getattr(info, "transform_descriptors", None)
+                if steps:
+                    if not isinstance(steps, (list, tuple)) or not all(type(t) is str for t in steps):
+                        raise TypeError("storage info has invalid transform descriptors")
+                    transform.append(ids[2].setdefault(tuple(steps), len(ids[2])))
+                else:
+                    transform.append(-1)
+            self.check_tail(b0, c0)
+        except (AttributeError, TypeError, IndexError, KeyError, OverflowError) as e:
+            self.fail(k, b0, c0, f"{type(e).__name__}: {e}")
+        self.chunk_start.append(len(file))
+        self.box_start.append(len(boxes))
+
+    def add_many(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[tuple[int, ...]],
+        counts: list[int],
+        offsets: list[tuple[int, ...]],
+        sizes: list[tuple[int, ...]],
+        rows: list[tuple[str, int, int]],
+    ) -> None:
+        """Append tensors ``names`` whose ``counts`` chunks (``offsets``, ``sizes`` of each, tensor after
+        tensor) are stored plain at ``rows`` (file, offset, length), all checked -- in bulk what
+        :meth:`add` makes of records saying so."""
+        ids = self._ids
+        self.names.extend(names)
+        for name in dict.fromkeys(dtypes):
+            ids[0].setdefault(name, len(ids[0]))
+        self.dtype.extend(map(ids[0].__getitem__, dtypes))
+        self.dims.extend(chain.from_iterable(shapes))
+        self.shape_start.extend(accumulate(map(len, shapes), initial=self.shape_start[-1]))
+        del self.shape_start[-len(names) - 1]
+        self.boxes.extend(chain.from_iterable(map(tuple.__add__, offsets, sizes)))
+        paths = [r[0] for r in rows]
+        for path in dict.fromkeys(paths):
+            ids[1].setdefault(path, len(ids[1]))
+        self.file.extend(map(ids[1].__getitem__, paths))
+        self.offset.extend([r[1] for r in rows])
+        self.length.extend([r[2] for r in rows])
+        self.transform.extend(repeat(-1, len(rows)))
+        self.chunk_start.extend(accumulate(counts, initial=self.chunk_start[-1]))
+        del self.chunk_start[-len(names) - 1]
+        box_counts = map(mul, map(len, shapes), counts)
+        self.box_start.extend(accumulate(map(mul, box_counts, repeat(2)), initial=self.box_start[-1]))
+        del self.box_start[-len(names) - 1]
+
+    def check_tail(self, b0: int, c0: int) -> None:
+        if (
+            min(self.boxes[b0:], default=0) < 0
+            or min(self.offset[c0:], default=0) < 0
+            or min(self.length[c0:], default=0) < 0
+        ):
+            raise TypeError("expected non-negative integers")
+
+    def fail(self, k: int, b0: int, c0: int, why: str) -> None:
+        self.errors[k] = why
+        for arr, at in ((self.boxes, b0), (self.file, c0), (self.offset, c0), (self.length, c0), (self.transform, c0)):
+            del arr[at:]
+
+    def finish(self, md: Any) -> None:
+        """Name tables, version and planner data, once every entry is added."""
+        self.dtype_names = list(self._ids[0])
+        self.files = list(self._ids[1])
+        self.transforms = [list(t) for t in self._ids[2]]
+        self.version = md.__dict__.get("version")
+        self.planner_data = self.planner_json(getattr(md, "planner_data", None))
+
+    @staticmethod
+    def planner_json(data: Any) -> str:
+        """The planner data's entry paths as the index keeps them (JSON)."""
+        return json.dumps(_json_paths(data), separators=(",", ":"))
 
     # -- reading ----------------------------------------------------------------------------------
     def position(self, fqn: str) -> int:

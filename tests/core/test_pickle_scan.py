@@ -15,7 +15,7 @@ from dcpstudio.core.errors import CorruptCheckpointError
 
 def _walk(data: bytes, label: str, start: int = 0) -> g.StreamInfo:
     """The opcode-by-opcode scan (the previous implementation), as the reference."""
-    n, i = len(data), start
+    n, i, puts = len(data), start, 0
     while i < n:
         s = g._STEP[data[i]]
         if s:
@@ -31,17 +31,19 @@ def _walk(data: bytes, label: str, start: int = 0) -> g.StreamInfo:
                 raise g._damaged(label, "negative length")
             i += width + size
         elif kind == g._PUT:
+            puts += 1
             width = g._LEN[op]
             g._check_memo(int.from_bytes(data[i : i + width], "little"), i - start, label)
             i += width
         elif kind == g._STOP:
-            return g.StreamInfo(i, sum(data.count(code, start, i) for code in g._NESTING_OPS))
+            return g.StreamInfo(i, sum(data.count(code, start, i) for code in g._NESTING_OPS), puts)
         elif kind in (g._LINES, g._PUT_LINE):
             for _ in range(2 if op in g._TWO_LINES else 1):
                 end = data.find(b"\n", i)
                 if end < 0:
                     raise g._damaged(label, "unterminated text argument")
                 if kind == g._PUT_LINE:
+                    puts += 1
                     text = data[i:end]
                     if not text.isdigit():
                         raise g._damaged(label, "bad memo index")
