@@ -35,6 +35,7 @@ from .dcp_metadata import (
     cached_index,
     check_head,
     check_stored,
+    damaged_metadata,
     dispose,
     entries_from_metadata,
     full_after_head,
@@ -49,22 +50,6 @@ from .dcp_metadata import (
 __all__ = ["DCPCheckpoint"]
 
 _VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than this
-
-
-def _damaged_metadata(method: Any) -> Any:
-    """Light metadata records hold whatever the pickle put in them: a missing or mistyped field
-    means a damaged ``.metadata``, reported as such."""
-
-    @functools.wraps(method)
-    def wrapper(self: DCPCheckpoint, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except (AttributeError, TypeError, IndexError) as e:
-            raise CorruptCheckpointError(
-                f"{self.path / METADATA_FILE}: damaged metadata ({type(e).__name__}: {e})"
-            ) from e
-
-    return wrapper
 
 
 class DCPCheckpoint(Checkpoint):
@@ -123,7 +108,7 @@ class DCPCheckpoint(Checkpoint):
         self._data, self._md = data, md
         return entries_from_metadata(md, label)
 
-    @_damaged_metadata
+    @damaged_metadata
     def _storage(self) -> DCPIndex:
         """The storage index and chunk lists, built on first use. A large ``.metadata`` is opened
         without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result."""
@@ -178,6 +163,8 @@ class DCPCheckpoint(Checkpoint):
         return build_tree(self.entries, self.path.name)
 
     def paths(self) -> dict[str, tuple[str | int, ...]]:
+        if self._head is not None:  # a head read in bulk stops before the planner data
+            self._storage()
         out = super().paths()
         data: Any = getattr(self._md, "planner_data", None)
         if self._index is not None:
@@ -206,7 +193,7 @@ class DCPCheckpoint(Checkpoint):
         listed = getattr(self._md.state_dict_metadata.get(fqn), "chunks", None)
         return len(listed) if isinstance(listed, (list, tuple)) else len(self.chunks(fqn))
 
-    @_damaged_metadata
+    @damaged_metadata
     def chunks(self, fqn: str) -> list[Chunk]:
         """The tensor's chunks, checked to tile it exactly (a value's one stored item)."""
         found = self._chunks.get(fqn)
@@ -267,7 +254,7 @@ class DCPCheckpoint(Checkpoint):
         self._raw[key] = raw
         return raw
 
-    @_damaged_metadata
+    @damaged_metadata
     def resolve_chunks(self, fqn: str) -> list[Chunk]:
         if self.entries[fqn].kind != "tensor":
             return self.chunks(fqn)
@@ -275,7 +262,7 @@ class DCPCheckpoint(Checkpoint):
             Chunk(c.offsets, c.sizes, c.file, c.offset, c.length, self._raw_offset(fqn, c)) for c in self.chunks(fqn)
         ]
 
-    @_damaged_metadata
+    @damaged_metadata
     def storage_range(self, ref: StorageRef) -> FileRange | None:
         fqn = ref.key
         entry = self.tensor_entry(fqn)
@@ -290,7 +277,7 @@ class DCPCheckpoint(Checkpoint):
         check_stored(parsed.tensor, entry, c, label)
         return parsed.file_range(source_of(f), entry.dtype, entry.shape or ())
 
-    @_damaged_metadata
+    @damaged_metadata
     def storage_bytes(self, ref: StorageRef) -> memoryview:
         """The tensor's bytes: read in place, or assembled from chunks that are whole-row slabs
         (what FSDP writes) without torch; other layouts go through :meth:`read_tensor`."""
@@ -327,7 +314,7 @@ class DCPCheckpoint(Checkpoint):
         archive = TorchSaveFile(io.BytesIO(raw), trust_pickle=self._trust, label=label)
         return archive.obj
 
-    @_damaged_metadata
+    @damaged_metadata
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         """The box's overlap with each chunk whose bytes lie in place is read alone (only about
         its bytes, however large the chunk); transformed chunks go through :class:`DCPReader`."""

@@ -5,6 +5,7 @@ read at all."""
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import subprocess
@@ -18,6 +19,7 @@ from .._pickle import gc_paused, load_light_metadata
 from .._refs import TensorRef
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError
+from ..formats.dcp import METADATA_FILE
 from ..formats.dcp_index import DCPIndex, small_ints
 from ..model import Chunk, Entry
 from .dcp_fast import Head, fast_head, fast_index, same_head
@@ -33,6 +35,7 @@ __all__ = [
     "cached_index",
     "check_head",
     "check_stored",
+    "damaged_metadata",
     "dispose",
     "entries_from_index",
     "entries_from_metadata",
@@ -298,3 +301,19 @@ def check_stored(t: TensorRef, entry: Entry, c: Chunk, label: str) -> None:
         raise CorruptCheckpointError(
             f"{label}: the chunk stores {t.dtype} {list(t.shape)}; the metadata says {entry.dtype} {list(c.sizes)}"
         )
+
+
+def damaged_metadata(method: Any) -> Any:
+    """Light metadata records hold whatever the pickle put in them: a missing or mistyped field
+    means a damaged ``.metadata``, reported as such."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (AttributeError, TypeError, IndexError) as e:
+            raise CorruptCheckpointError(
+                f"{self.path / METADATA_FILE}: damaged metadata ({type(e).__name__}: {e})"
+            ) from e
+
+    return wrapper

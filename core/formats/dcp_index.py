@@ -281,7 +281,9 @@ class DCPIndex:
             "errors": {str(k): v for k, v in self.errors.items()},
             "version": self.version if isinstance(self.version, (str, int, float, type(None))) else str(self.version),
         }
-        planner = self.planner_data if isinstance(self.planner_data, str) else json.dumps(self.planner_data)
+        planner = self.planner_data
+        if not isinstance(planner, str):  # read since (paths()): written back as it was read
+            planner = json.dumps(planner, separators=(",", ":"))
         parts = [_with_names(json.dumps(head, separators=(",", ":")), self.names).encode(), planner.encode()]
         narrow = [_narrow(getattr(self, name)) for name in _ARRAYS]
         parts[0] = parts[0][:-1] + b',"types":"' + "".join(a.typecode for a in narrow).encode() + b'"}'

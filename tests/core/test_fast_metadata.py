@@ -177,6 +177,7 @@ def test_a_large_checkpoint_opens_the_fast_way(tmp_path: Path, monkeypatch: pyte
     assert ckpt._head is not None  # type: ignore[attr-defined]
     assert described(ckpt.entries) == described(entries)
     name = big_metadata.name(777)
+    assert ckpt.paths()[name] == tuple(name.split(".", 1))  # the planner data, read with the index
     assert ckpt.chunk_count(name) == 4
     assert ckpt._storage().to_bytes() == index.to_bytes()  # type: ignore[attr-defined]
     assert [c.offsets for c in ckpt.chunks(name)] == [(r * 16, 0) for r in range(4)]
