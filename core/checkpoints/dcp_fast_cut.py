@@ -238,7 +238,8 @@ class Cut:
         self.runs: list[tuple[str, Any]] = []
         self.pieces: list[bytes] = []
         self.refs: dict[str, set[bytes]] = {"fqn": set(), "path": set(), "dtype": set(), "other": set()}
-        self.head_only = False
+        self.head_only = False  # the stream up to its planner data: entries only, no storage items
+        self._kept = 0  # the stream is taken up to here
         self._frames = iter(frame_starts)
         self._next_frame = next(self._frames, len(s))
 
@@ -333,8 +334,6 @@ class Cut:
         out = b"".join(self.pieces)
         self.pieces = []
         return out, probes
-
-    _kept = 0
 
     def all_runs(self) -> None:
         kinds = ("entry",) if self.head_only else ("entry", "item")
