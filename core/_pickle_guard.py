@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["StreamInfo", "YieldingStream", "run_with_stack", "scan"]
+__all__ = ["StreamInfo", "YieldingStream", "run_with_stack", "scan", "walks_to"]
 
 T = TypeVar("T")
 
@@ -151,6 +151,27 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
         else:
             raise _damaged(label, f"unknown or unsupported opcode 0x{op:02x} at byte {i - 1}")
     raise _damaged(label, "it ends before its STOP opcode; truncated?")
+
+
+def walks_to(data: bytes, start: int, pos: int) -> bool:
+    """Whether walking the opcodes from ``start`` (an opcode start) lands on ``pos``: binary arguments
+    are stepped over; an opcode with a text argument, or a negative length, ends the walk (False)."""
+    while start < pos:
+        op = data[start]
+        step = _STEP[op]
+        if not step:
+            if _KIND[op] == _PUT:
+                step = 1 + _LEN[op]
+            elif _KIND[op] == _SIZED:
+                width = _LEN[op]
+                size = int.from_bytes(data[start + 1 : start + 1 + width], "little", signed=op in _SIGNED)
+                if size < 0:
+                    return False
+                step = 1 + width + size
+            else:
+                return False
+        start += step
+    return start == pos
 
 
 def _check_memo(index: int, offset: int, label: str) -> None:

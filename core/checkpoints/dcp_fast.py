@@ -45,9 +45,6 @@ _ENTRY: Any = Entry  # mapped over columns
 _SECOND: Any = itemgetter(1)
 _THIRD: Any = itemgetter(2)
 _ONE_INT = re.compile(INT)
-# whatever stops this parse hands the stream to the generic one, which reports what is wrong with it
-# (or, were this parse mistaken, reads it): a fast path never makes a checkpoint fail to open
-_FAILED = (Exception,)
 
 
 def _int(raw: bytes) -> int:
@@ -119,14 +116,14 @@ def fast_index(data: bytes, label: str) -> tuple[DCPIndex, dict[str, Entry]] | N
     with gc_paused():
         try:
             return _parse(s, frame_starts, label, pats)
-        except _FAILED:
-            return None
+        except Exception:  # hands the stream to the generic parse, which reports what is wrong (or reads
+            return None  # it, were this one mistaken): a fast path never makes a checkpoint fail to open
 
 
 def _parse(s: bytes, frame_starts: list[int], label: str, pats: Any) -> Any:
     cut = Cut(s, frame_starts, pats)
     md, resolved = unpickled(cut, label)
-    built = _Builder(md, cut, resolved, label).build()
+    built = _Builder(md, cut, resolved).build()
     if any(t.seen != 2 for t in cut.tokens):  # each run stood where its records belong
         raise NotFast
     return built
@@ -152,14 +149,13 @@ def fast_head(data: bytes, label: str) -> Head | None:
     if pats is None:
         return None
     head = s + b"ub."  # the Metadata's fields so far set (SETITEMS), built (BUILD); STOP
-    pos = len(s)
     with gc_paused():
         try:
-            cut = Cut(head, [f for f in frame_starts if f < pos], pats)
+            cut = Cut(head, [f for f in frame_starts if f < len(s)], pats)
             cut.head_only = True
             md, resolved = unpickled(cut, label)
-            return _Builder(md, cut, resolved, label).head()
-        except _FAILED:
+            return _Builder(md, cut, resolved).head()
+        except Exception:  # as in fast_index
             return None
 
 
@@ -195,8 +191,8 @@ class _Builder:
     """The entries and index, as :func:`entries_from_metadata` and :meth:`DCPIndex.from_metadata` make
     them from the records the runs stand for -- runs in bulk, the remainder's records one by one."""
 
-    def __init__(self, md: Any, cut: Cut, resolved: dict[bytes, Any], label: str) -> None:
-        self.md, self.cut, self.resolved, self.label = md, cut, resolved, label
+    def __init__(self, md: Any, cut: Cut, resolved: dict[bytes, Any]) -> None:
+        self.md, self.cut, self.resolved = md, cut, resolved
         self.tuples: dict[bytes, tuple[int, ...]] = {}
         self.ints: dict[bytes, int] = {}
         self.where: dict[tuple[str, Any], Any] = {}
@@ -235,23 +231,13 @@ class _Builder:
         for fqn, smd in sdm.items():
             if type(fqn) is RunToken:
                 groups, n = self._run(fqn, smd, "entry")[:2]
-                names = _names([g[0] for g in groups], [g[1] for g in groups])
-                shapes = _decoded([g[5] for g in groups], self.tuples, _ints)
-                for shape in set(shapes):
-                    _shape(shape)
-                dtypes = [self.resolved[g[2]] for g in groups]
-                self.entries.update(zip(names, map(_ENTRY, names, repeat("tensor"), dtypes, shapes), strict=True))
-                counts.update(zip(names, n, strict=True))
+                counts.update(zip(self._run_entries(groups)[0], n, strict=True))
             elif type(fqn) is not str or type(smd) is RunToken:
                 raise NotFast
             else:
-                if hasattr(smd, "chunks"):
-                    self.entries[fqn] = Entry(fqn, "tensor", _dtype(smd.properties.dtype), _shape(smd.size))
-                    listed = smd.chunks
-                    counts[fqn] = len(listed) if isinstance(listed, (list, tuple)) else None
-                else:
-                    self.entries[fqn] = Entry(fqn, "bytes")
-                    counts[fqn] = 1
+                entry = self.entries[fqn] = _entry(fqn, smd)
+                listed = smd.chunks if entry.kind == "tensor" else [None]
+                counts[fqn] = len(listed) if isinstance(listed, (list, tuple)) else None
         if len(self.entries) != len(counts) or any(t.seen != 2 for t in self.cut.tokens):
             raise NotFast
         return Head(self.entries, counts)
@@ -273,7 +259,7 @@ class _Builder:
             fqns = _names(columns[1], columns[2])
         else:
             fqns = [resolved[g[0]] if g[0] else _text(g[1], g[2]) for g in groups]
-        offsets = _decoded([g[4] for g in groups], self.tuples, _ints)
+        offsets = _decoded(columns[4], self.tuples, _ints)
         rows = zip(  # noqa: B905  # three columns of one length
             list(map(resolved.__getitem__, columns[5])),
             _int_column(*columns[6:10]),
@@ -292,23 +278,23 @@ class _Builder:
 
     def _one(self, fqn: str, smd: Any) -> None:
         """An entry from the remainder, as the generic parse takes it."""
-        if hasattr(smd, "chunks"):
-            dtype = _dtype(smd.properties.dtype)
-            entry = Entry(fqn, "tensor", dtype, _shape(smd.size))
-            self.index.add(fqn, dtype.name, entry.shape, lambda: smd.chunks, self._stored(fqn))
-        else:
-            entry = Entry(fqn, "bytes")
-            self.index.add(fqn, None, None, [None], self._stored(fqn))
-        self.entries[fqn] = entry
+        entry = self.entries[fqn] = _entry(fqn, smd)
+        dtype = entry.dtype.name if entry.dtype else None
+        self.index.add(fqn, dtype, entry.shape, [None] if dtype is None else (lambda: smd.chunks), self._stored(fqn))
 
-    def _entries(self, token: RunToken, value: Any) -> None:
-        groups, counts, offs_raw, sizes_raw = self._run(token, value, "entry")
+    def _run_entries(self, groups: list[Any]) -> tuple[list[str], list[DType], list[tuple[int, ...]]]:
+        """The names, dtypes and shapes of a run's entries, added to the entries."""
         names = _names([g[0] for g in groups], [g[1] for g in groups])
         dtypes = [self.resolved[g[2]] for g in groups]
         shapes = _decoded([g[5] for g in groups], self.tuples, _ints)
         for shape in set(shapes):
             _shape(shape)
         self.entries.update(zip(names, map(_ENTRY, names, repeat("tensor"), dtypes, shapes), strict=True))
+        return names, dtypes, shapes
+
+    def _entries(self, token: RunToken, value: Any) -> None:
+        groups, counts, offs_raw, sizes_raw = self._run(token, value, "entry")
+        names, dtypes, shapes = self._run_entries(groups)
         offsets = _decoded(offs_raw, self.tuples, _ints)
         sizes = _decoded(sizes_raw, self.tuples, _ints)
         chunk_names = list(chain.from_iterable(map(repeat, names, counts)))
@@ -337,6 +323,13 @@ def _dims_match(distinct: set[Any], shapes: list[tuple[int, ...]], counts: list[
         return True
     ndims = list(chain.from_iterable(map(repeat, map(len, shapes), counts)))
     return all(list(map(len, column)) == ndims for column in columns)
+
+
+def _entry(fqn: str, smd: Any) -> Entry:
+    """The entry a record of the remainder describes (NotFast where the generic parse would refuse it)."""
+    if hasattr(smd, "chunks"):
+        return Entry(fqn, "tensor", _dtype(smd.properties.dtype), _shape(smd.size))
+    return Entry(fqn, "bytes")
 
 
 def _dtype(value: Any) -> DType:

@@ -13,7 +13,7 @@ from operator import methodcaller
 from typing import Any
 
 from .._pickle import LIGHT_METADATA_GLOBALS, Restricted, protocol4_frames
-from .._pickle_guard import YieldingStream, run_with_stack, scan
+from .._pickle_guard import YieldingStream, run_with_stack, scan, walks_to
 from ..dtypes import DType
 
 __all__ = ["INT", "LONG1", "PLANNER_KEY", "Cut", "NotFast", "RunToken", "learn", "unframed", "unpickled"]
@@ -65,13 +65,6 @@ _WANT = (  # what the learnt references must name, in Patterns.refs order
     LIGHT_METADATA_GLOBALS[(MD, "TensorStorageMetadata")], "properties",
     LIGHT_METADATA_GLOBALS[(MD, "TensorProperties")], "size", tuple, "chunks",
 )  # fmt: skip
-_ONE_INT = re.compile(INT)
-# opcode lengths inside the records (1 unless listed; None: not in a record)
-_OP_LEN: list[int | None] = [None] * 256
-for _c in b"N\x88\x89)\x81\x94}(t\x85\x86\x87Rube]a":
-    _OP_LEN[_c] = 1
-for _c, _n in ((0x4B, 2), (0x4D, 3), (0x4A, 5), (0x68, 2), (0x6A, 5)):
-    _OP_LEN[_c] = _n
 
 
 class NotFast(Exception):
@@ -120,7 +113,8 @@ class Patterns:
 
     def __init__(self, chunk: tuple[bytes, ...], item: tuple[bytes, ...] | None, entry: tuple[bytes, ...]) -> None:
         """``item`` None: no storage items are looked for (the head of a stream)."""
-        self.refs = [*chunk, *(item or (b"",) * 9), *entry]
+        self.refs = [*chunk, *(item or ()), *entry]  # the references learnt, and what each must name:
+        self.want = [*_WANT[:5], *(_WANT[5:14] if item else ()), *_WANT[14:]]
         item = item or (b"\x00",) * 9
         cls, k_offsets, size, k_sizes, size2 = (re.escape(b) for b in chunk)
         mi, k_fqn, k_index, k_offset, size3, si, k_path, k_offset2, k_length = (re.escape(b) for b in item)
@@ -204,20 +198,6 @@ def unframed(data: bytes, upto: bytes | None = None) -> tuple[bytes, list[int]] 
     return data[:2] + b"".join([view[a + 9 : b] for a, b in frames]), starts
 
 
-def _starts_opcode(s: bytes, start: int, pos: int) -> bool:
-    """Whether walking the records' opcodes from ``start`` (an opcode start) lands on ``pos``."""
-    while start < pos:
-        op = s[start]
-        n = _OP_LEN[op]
-        if n is None:
-            if op in (0x8C, 0x8A):  # SHORT_BINUNICODE, LONG1: a length byte, then that many
-                n = 2 + s[start + 1]
-            else:
-                return False
-        start += n
-    return start == pos
-
-
 def _pid(pid: str) -> bytes:
     raw = pid.encode()
     return b"\x8c" + bytes([len(raw)]) + raw
@@ -267,7 +247,7 @@ class Cut:
                 start = max(a, s.rfind(pats.head[kind], a, pos + len(pats.head[kind])))
                 if kind == "entry":  # from the last chunk record or entry starting before it
                     start = max(start, s.rfind(pats.head["chunk"], a, pos + len(pats.head["chunk"])))
-                if start < a or not _starts_opcode(s, start, pos):
+                if start < a or not walks_to(s, start, pos):
                     raise NotFast
             self._next_frame = next(self._frames, len(s))
 
@@ -281,45 +261,42 @@ class Cut:
             if len(groups) != s.count(pats.head["entry"], a, b) or sum(counts) != s.count(pats.head["chunk"], a, b):
                 raise NotFast
             sizes = [g[5] for g in groups]
-            if self.head_only:  # no record decoded: their memo stores counted from their empty sizes
+            if self.head_only:  # no record decoded: their memo stores counted from their empty sizes;
+                # nothing after the entries refers to what they stored
                 empty = list(map(methodcaller("count", pats.empty_size), lists))
-                rest = [
-                    7 + (z != b")") + 8 * n - e for z, n, e in zip(sizes, counts, empty, strict=True)
-                ]  # fmt: skip
-                offs = boxes = []
+                memo = sum(8 + (z != b")") + 8 * n - e for z, n, e in zip(sizes, counts, empty, strict=True))
+                body = b"\x94" * memo
+                offs: list[bytes] = []
+                boxes: list[bytes] = []
             else:
                 records = pats.chunk.findall(b"".join(lists))
                 if sum(counts) != len(records):
                     raise NotFast
                 offs, boxes = [r[0] for r in records], [r[1] for r in records]
-                # the memo stores each entry makes: its name first (kept: the planner data refers to
-                # it), then 5 objects and its size's, then each record's 2 and its two sizes'
+                # the memo stores each entry makes: its name first (stored for real: the planner data
+                # refers to it), then 5 objects and its size's, then each record's 2 and its two sizes'
                 at_end = list(accumulate(map(_record_memo, offs, boxes), initial=0))
                 ends = list(accumulate(counts, initial=0))
                 rest = [
                     7 + (z != b")") + at_end[e1] - at_end[e0] for z, e0, e1 in zip(sizes, ends, ends[1:], strict=False)
                 ]
+                names = [b"\x8c" + g[0] + g[1] + b"\x94" for g in groups]  # pushed, stored, popped
+                body = b"".join(chain.from_iterable(zip(names, repeat(b"0"), [b"\x94" * n for n in rest])))
             self.refs["dtype"].update(g[2] for g in groups)
             self.refs["other"].update(chain((g[3] for g in groups), (g[4] for g in groups)))
-            names = [b"\x8c" + g[0] + g[1] + b"\x94" for g in groups]
-            memo_runs = [b"\x94" * n for n in rest]
-            memo = sum(rest) + len(groups)
             held: Any = (groups, counts, offs, boxes)
         else:
             groups = pats.item.findall(s, a, b)
             self.refs["fqn"].update(g[0] for g in groups)
             self.refs["path"].update(g[5] for g in groups)
             memo = 4 * len(groups) + sum(1 for g in groups if not g[0]) + _memo_of_sizes([g[4] for g in groups])
+            body = b"\x94" * memo
             held = groups
         k = len(self.runs)
         self.runs.append((kind, held))
         pid = f"{self.nonce}:{k}"
         self.tokens.append(RunToken(k))
         self.ids[pid] = self.tokens[-1]
-        if kind == "entry" and not self.head_only:  # each name stored (the planner data refers to them)
-            body = b"".join(chain.from_iterable(zip(names, repeat(b"0"), memo_runs)))
-        else:
-            body = b"\x94" * memo
         self.pieces.append(self.fill + body + b"0" + _pid(pid) + b"QN")
 
     def remainder(self) -> tuple[bytes, list[bytes]]:
@@ -328,8 +305,7 @@ class Cut:
         if self._next_frame != len(self.s):
             raise NotFast
         self.refs["fqn"].discard(b"")
-        learnt = self.pats.refs[:5] + self.pats.refs[14:] if self.head_only else self.pats.refs
-        probes = [*learnt, *chain.from_iterable(sorted(v) for v in self.refs.values())]
+        probes = [*self.pats.refs, *chain.from_iterable(sorted(v) for v in self.refs.values())]
         self.pieces.append(b"(" + b"".join(probes) + b"t\x86.")
         out = b"".join(self.pieces)
         self.pieces = []
@@ -375,8 +351,7 @@ def unpickled(cut: Cut, label: str) -> tuple[Any, dict[bytes, Any]]:
         n != base + 1 for n in [sys.getrefcount(t) for t in cut.tokens]
     ):
         raise NotFast
-    want = _WANT[:5] + _WANT[14:] if cut.head_only else _WANT
-    if any(type(g) is not type(w) or g != w for g, w in zip(got, want, strict=False)):
+    if any(type(g) is not type(w) or g != w for g, w in zip(got, cut.pats.want, strict=False)):
         raise NotFast
     resolved = dict(zip(probes, got, strict=True))
     del got

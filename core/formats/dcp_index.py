@@ -222,12 +222,7 @@ class DCPIndex:
         self.files = list(self._ids[1])
         self.transforms = [list(t) for t in self._ids[2]]
         self.version = md.__dict__.get("version")
-        self.planner_data = self.planner_json(getattr(md, "planner_data", None))
-
-    @staticmethod
-    def planner_json(data: Any) -> str:
-        """The planner data's entry paths as the index keeps them (JSON)."""
-        return json.dumps(_json_paths(data), separators=(",", ":"))
+        self.planner_data = json.dumps(_json_paths(getattr(md, "planner_data", None)), separators=(",", ":"))
 
     # -- reading ----------------------------------------------------------------------------------
     def position(self, fqn: str) -> int:
