@@ -28,6 +28,7 @@ from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 from .dcp_fast import Head
 from .dcp_metadata import (
+    ambiguous,
     build_in_child,
     byte_size,
     cache_key,
@@ -40,6 +41,7 @@ from .dcp_metadata import (
     entries_from_metadata,
     full_after_head,
     head_first,
+    index_of,
     open_fast,
     parse_in_child,
     same_entries,
@@ -135,15 +137,10 @@ class DCPCheckpoint(Checkpoint):
         if self._head_only:  # the whole pickle, now: it must say what its head said
             full = load_light_metadata(self._data, str(md_path))
             if not same_metadata(self._md, full):
-                raise CorruptCheckpointError(
-                    f"{md_path}: its entries are set twice, differently; refusing an ambiguous checkpoint"
-                )
+                raise ambiguous(str(md_path))
             head, self._md, self._head_only = self._md, full, False
             dispose(head)
-        if not isinstance(getattr(self._md, "storage_data", None), dict):
-            raise CorruptCheckpointError(f"{md_path}: has no storage index")
-        rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in self.entries.values()]
-        return self._indexed(DCPIndex.from_metadata(self._md, rows))
+        return self._indexed(index_of(self._md, self.entries, str(md_path)))
 
     def _indexed(self, index: DCPIndex) -> DCPIndex:
         """Take ``index`` as the storage index: sizes of byte items, the cache; free the records."""

@@ -28,6 +28,7 @@ __all__ = [
     "CACHE_ABOVE",
     "CHILD_ABOVE",
     "HEAD_ONLY_ABOVE",
+    "ambiguous",
     "build_in_child",
     "byte_size",
     "cache_key",
@@ -41,6 +42,7 @@ __all__ = [
     "entries_from_metadata",
     "full_after_head",
     "head_first",
+    "index_of",
     "open_fast",
     "parse_in_child",
     "same_entries",
@@ -278,21 +280,29 @@ def full_after_head(data: bytes, label: str, head: Head) -> tuple[DCPIndex, dict
     found = fast_index(data, label)
     if found is None:  # the generic parse (which reports what is wrong, if anything)
         full = load_light_metadata(data, label)
-        if not isinstance(getattr(full, "storage_data", None), dict):
-            raise CorruptCheckpointError(f"{label}: has no storage index")
         entries = entries_from_metadata(full, label)
-        rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in entries.values()]
-        found = DCPIndex.from_metadata(full, rows), entries
+        found = index_of(full, entries, label), entries
         dispose(full)
     check_head(head, found[1], found[0], label)
     return found
 
 
+def index_of(md: Any, entries: dict[str, Entry], label: str) -> DCPIndex:
+    """The storage index of whole light metadata records, whose ``entries`` are already read."""
+    if not isinstance(getattr(md, "storage_data", None), dict):
+        raise CorruptCheckpointError(f"{label}: has no storage index")
+    rows = [(e.fqn, e.dtype.name if e.dtype else None, e.shape) for e in entries.values()]
+    return DCPIndex.from_metadata(md, rows)
+
+
+def ambiguous(label: str) -> CorruptCheckpointError:
+    """A stream whose head and whole list different entries: refused, not shown as either."""
+    return CorruptCheckpointError(f"{label}: its entries are set twice, differently; refusing an ambiguous checkpoint")
+
+
 def check_head(head: Head, entries: dict[str, Entry], index: DCPIndex, label: str) -> None:
     if not same_head(head, entries, index):
-        raise CorruptCheckpointError(
-            f"{label}: its entries are set twice, differently; refusing an ambiguous checkpoint"
-        )
+        raise ambiguous(label)
 
 
 def check_stored(t: TensorRef, entry: Entry, c: Chunk, label: str) -> None:
