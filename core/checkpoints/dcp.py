@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any
@@ -39,13 +40,16 @@ from .dcp_metadata import (
     damaged_metadata,
     dispose,
     entries_from_metadata,
+    finish_child,
     full_after_head,
     head_first,
+    index_in_child,
     index_of,
     open_fast,
     parse_in_child,
     same_entries,
     same_metadata,
+    stop_child,
     store_index,
 )
 
@@ -55,10 +59,10 @@ _VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than thi
 
 
 class DCPCheckpoint(Checkpoint):
-    """A large ``.metadata`` opens from its head (names, dtypes, shapes) and its storage index is
-    parsed on first use into a :class:`DCPIndex`, which is kept in the user's cache
-    (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next time, with no
-    pickle read at all. Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`).
+    """A large ``.metadata`` opens from its head (names, dtypes, shapes) while a child process
+    parses its storage index into a :class:`DCPIndex` (taken on first use), which is kept in the
+    user's cache (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next
+    time, with no pickle read at all. Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`).
     Chunk tables are checked when first asked for, wherever they came from.
 
     ``full_index``: parse the storage index at once (a large one in a child process:
@@ -77,15 +81,19 @@ class DCPCheckpoint(Checkpoint):
         self._head: Head | None = None  # a large .metadata's head, read by .dcp_fast
         self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
-        if cached is None and full_index and not trust_pickle and parse_in_child(md_path):
-            cached = build_in_child(path, str(path / METADATA_FILE))  # None: no child here
-            if cached is not None:
-                store_index(md_path, cached[0], self._key)
+        self._child = None  # a child process parsing the storage index meanwhile (two cores)
+        if cached is None and not trust_pickle and parse_in_child(md_path):
+            cached, self._child = index_in_child(path, self._key, wait=full_index)
+        self._stop = weakref.finalize(self, stop_child, self._child)  # one whose index is never asked for
         if cached is not None:
             self._index, entries = cached
             super().__init__(path, entries, {"version": self._index.version})
         else:
-            entries = self._open_pickle(path, md_path)
+            try:
+                entries = self._open_pickle(path, md_path)
+            except BaseException:
+                self._stop()
+                raise
             version = getattr(self._md, "version", None) if self._index is None else self._index.version
             super().__init__(path, entries, {"version": version})
         self._chunks: dict[str, list[Chunk]] = {}
@@ -123,7 +131,12 @@ class DCPCheckpoint(Checkpoint):
         """Parse the whole pickle (it must say what its head said), index it, cache the index and free
         the records."""
         md_path = self.path / METADATA_FILE
-        built = build_in_child(self.path, str(md_path)) if not self._trust and parse_in_child(md_path) else None
+        built = None
+        if self._child is not None:
+            child, self._child = self._child, None
+            built = finish_child(child, str(md_path), self._stop.detach)
+        elif not self._trust and parse_in_child(md_path):
+            built = build_in_child(self.path, str(md_path))
         if built is not None:
             index, entries = built
             if not same_entries(entries, self.entries):
@@ -381,4 +394,6 @@ class DCPCheckpoint(Checkpoint):
         reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
 
     def close(self) -> None:
+        self._child = None
+        self._stop()
         self._files.close()

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,17 @@ __all__ = [
     "dispose",
     "entries_from_index",
     "entries_from_metadata",
+    "finish_child",
     "full_after_head",
     "head_first",
+    "index_in_child",
     "index_of",
     "open_fast",
     "parse_in_child",
     "same_entries",
     "same_metadata",
+    "start_child",
+    "stop_child",
     "stop_index_children",
     "store_index",
 ]
@@ -195,6 +200,14 @@ def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] 
     caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
     message; a child that dies or hangs is reported as damage. None when no child can be started
     here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
+    child = start_child(path)
+    return None if child is None else finish_child(child, label)
+
+
+def start_child(path: Path) -> subprocess.Popen[bytes] | None:
+    """A child process parsing the index of the DCP checkpoint at ``path`` (:func:`build_in_child`),
+    running while the caller goes on; None when none can be started here. Its result is taken by
+    :func:`finish_child`; one never taken is stopped by :func:`stop_child`."""
     # -P: the child's sys.path does not start with the working directory, where a stray json.py or
     # zlib.py (a downloaded model folder) would be imported in place of the real one; before 3.11,
     # -I (isolated: no user site either -- if that hides us, the parse falls back to this process)
@@ -206,6 +219,41 @@ def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] 
         return None
     with _CHILDREN_LOCK:
         _CHILDREN.add(child)
+    return child
+
+
+def index_in_child(
+    path: Path, key: dict[str, Any] | None, *, wait: bool
+) -> tuple[tuple[DCPIndex, dict[str, Entry]] | None, subprocess.Popen[bytes] | None]:
+    """``(index and entries, None)`` parsed by a child (``wait``; cached under ``key``), or ``(None, child)``
+    still parsing (:func:`start_child`); ``(None, None)`` when no child can run here."""
+    if not wait:
+        return None, start_child(path)
+    built = build_in_child(path, str(path / METADATA_FILE))
+    if built is not None:
+        store_index(path / METADATA_FILE, built[0], key)
+    return built, None
+
+
+def stop_child(child: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child whose result is not wanted (the checkpoint closed, or failed to open)."""
+    if child is None:
+        return
+    with _CHILDREN_LOCK:
+        _CHILDREN.discard(child)
+        _STOPPED.discard(child.pid)
+    if child.returncode is None:
+        child.kill()
+    child.communicate()
+
+
+def finish_child(
+    child: subprocess.Popen[bytes], label: str, taken: Callable[[], Any] = lambda: None
+) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    """What the child from :func:`start_child` parsed (see :func:`build_in_child`); ``taken`` is called
+    first (its stop is no longer wanted)."""
+    taken()
+    cmd = child.args
     try:
         out, err = child.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:

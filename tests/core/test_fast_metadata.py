@@ -183,6 +183,49 @@ def test_a_large_checkpoint_opens_the_fast_way(tmp_path: Path, monkeypatch: pyte
     assert [c.offsets for c in ckpt.chunks(name)] == [(r * 16, 0) for r in range(4)]
 
 
+def test_the_index_is_parsed_by_a_child_while_the_head_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large checkpoint opened from its head has a child process parsing its storage index from the
+    start; its result is what the index is, and a checkpoint closed, dropped or failing to open
+    before asking for it leaves no child running."""
+    import gc
+
+    folder = tmp_path / "big"
+    folder.mkdir()
+    big_metadata.write_metadata(folder / ".metadata", 12_000, 4, rows=16, cols=64)  # ~8 MiB
+    index, _ = generic((folder / ".metadata").read_bytes())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0)
+
+    def started(ckpt: Any) -> Any:
+        child = ckpt._child
+        assert child is not None and child in dcp_metadata._CHILDREN
+        return child
+
+    ckpt = open_checkpoint(folder)
+    child = started(ckpt)
+    assert ckpt._storage().to_bytes() == index.to_bytes()  # type: ignore[attr-defined]
+    assert child.returncode == 0 and ckpt._child is None  # type: ignore[attr-defined]  # taken from it
+    for drop in ("close", "gc"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / f"cache-{drop}"))  # not opened from the cache
+        ckpt = open_checkpoint(folder)
+        child = started(ckpt)
+        if drop == "close":
+            ckpt.close()
+        else:
+            del ckpt
+            gc.collect()
+        assert child.poll() is not None and child not in dcp_metadata._CHILDREN
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-damaged"))
+    children: list[Any] = []
+    real_start = dcp_metadata.start_child
+    monkeypatch.setattr(dcp_metadata, "start_child", lambda path: children.append(real_start(path)) or children[-1])
+    data = (folder / ".metadata").read_bytes()
+    (folder / ".metadata").write_bytes(data[: len(data) // 2])  # its head parse fails
+    with pytest.raises(CorruptCheckpointError):
+        open_checkpoint(folder)
+    assert len(children) == 1 and children[0].poll() is not None and not dcp_metadata._CHILDREN
+
+
 def test_a_frame_claiming_more_than_the_stream_holds_is_not_read_short() -> None:
     """One whole storage item cut out of a one-frame stream: what is left parses as records, but the
     frame says more bytes follow than do -- the unpickler refuses the stream, and so must this."""
