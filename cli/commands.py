@@ -174,6 +174,7 @@ def _run_load(args: argparse.Namespace) -> int:
             )
             gathered: list[Any] | None = [None] * world if rank == 0 else None
             dist.gather_object(report, gathered, dst=0)
+            dist.barrier()  # no rank tears its process group down while another still uses it
         finally:
             dist.destroy_process_group()
         return _load_table(gathered, args.json) if gathered is not None else (EXIT_OK if report.ok else EXIT_ERROR)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import struct
 from array import array
+from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import add, itemgetter, methodcaller
 from typing import Any
@@ -63,7 +64,7 @@ def _ints(raw: bytes) -> tuple[int, ...]:
     return tuple(_int(m.group()) for m in _ONE_INT.finditer(raw, 1 if raw[:1] == b"(" else 0, len(raw) - 2))
 
 
-def _decoded(groups: list[bytes], cache: dict[bytes, Any], fn: Any) -> list[Any]:
+def _decoded(groups: Sequence[bytes], cache: dict[bytes, Any], fn: Any) -> list[Any]:
     """``fn`` of each of ``groups``, computed once per distinct value (tuples repeat across chunks)."""
     out = list(map(cache.get, groups))
     if None in out:
@@ -77,7 +78,7 @@ _PAD4 = methodcaller("ljust", 4, b"\0")
 _DECODE = methodcaller("decode", "utf-8", "surrogatepass")  # as the unpickler decodes a name
 
 
-def _int_column(k: list[bytes], m: list[bytes], j: list[bytes], long1: list[bytes]) -> list[int]:
+def _int_column(k: Sequence[bytes], m: Sequence[bytes], j: Sequence[bytes], long1: Sequence[bytes]) -> list[int]:
     """Integers captured as (BININT1, BININT2, BININT argument; LONG1 opcode with its arguments), one
     of the four set per row: each row's argument padded to a little-endian int32, all read at once."""
     raw = b"".join(map(_PAD4, map(add, map(add, k, m), j)))
@@ -89,7 +90,7 @@ def _int_column(k: list[bytes], m: list[bytes], j: list[bytes], long1: list[byte
     return values
 
 
-def _names(lengths: list[bytes], texts: list[bytes]) -> list[str]:
+def _names(lengths: Sequence[bytes], texts: Sequence[bytes]) -> list[str]:
     """Names written in place (SHORT_BINUNICODE): each must be as long as its length byte says."""
     if list(map(len, texts)) != list(b"".join(lengths)):
         raise NotFast
@@ -252,7 +253,7 @@ class _Builder:
     def _items(self, token: RunToken, value: Any) -> None:
         groups = self._run(token, value, "item")
         resolved = self.resolved
-        columns = [list(map(itemgetter(i), groups)) for i in range(14)]
+        columns = list(zip(*groups, strict=True))
         if all(columns[0]):  # every name a reference (one process's save)
             fqns = list(map(resolved.__getitem__, columns[0]))
         elif not any(columns[0]):  # every name in place (gathered from many ranks)
@@ -302,7 +303,7 @@ class _Builder:
         distinct = set(offsets) | set(sizes)
         plain = (
             _dims_match(distinct, shapes, counts, offsets, sizes)
-            and all(type(r) is tuple for r in rows)
+            and set(map(type, rows)) <= {tuple}
             and min(chain.from_iterable(distinct), default=0) >= 0
             and min(map(_SECOND, rows), default=0) >= 0
             and min(map(_THIRD, rows), default=0) >= 0
