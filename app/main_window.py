@@ -275,7 +275,7 @@ class MainWindow(QMainWindow):
             self.notifier.info(f"{shown(self.ckpt.path)} is in a remote store: no file manager shows it.")
             return
         folder = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
-        if node.entry is not None and node.entry.kind == "tensor":
+        if node.entry is not None and node.entry.kind == "tensor" and self.ckpt.index_ready():
             files = [c.file for c in self.ckpt.chunks(node.entry.fqn) if c.file]
             if files:
                 base = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
@@ -305,6 +305,14 @@ class MainWindow(QMainWindow):
             if path is not None:
                 title = "Open trusting this file" if kind == "open" else "Reopen trusting this file"
                 actions = [(title, functools.partial(self.open_path, path, trust_pickle=True))]
+        if kind == "index" and self.ckpt is not None:  # shown from its head, refused as a whole: closed
+            self.board.cancel("preview")
+            self.explorer.clear()
+            self.compare_view.checkpoint_changed(None)
+            self.ckpt.close()
+            self.ckpt = None
+            self.tree_pane.clear()
+            self.details.show_summary(None)
         self.notifier.error(exc, actions)
 
     # -- start-up ----------------------------------------------------------------------------------
@@ -324,16 +332,14 @@ class MainWindow(QMainWindow):
         self._pending_open = path
 
         def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex]:
-            ckpt = open_checkpoint(path, trust_pickle=trust_pickle, full_index=True)  # a large index: in a child
-            return ckpt, TreeIndex(
-                ckpt.tree, ckpt.chunk_count
-            )  # the tree (and a DCP's storage index) built off the GUI thread
+            ckpt = open_checkpoint(path, trust_pickle=trust_pickle)  # a large DCP's index: in a child, meanwhile
+            return ckpt, TreeIndex(ckpt.early_tree(), ckpt.chunk_count)  # built off the GUI thread
 
         self.board.start("open", work, lambda result: self._opened(*result))
         self._jobs_changed()
 
     def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
-        for kind in ("preview", "compare-values"):
+        for kind in ("preview", "compare-values", "index"):
             self.board.cancel(kind)  # they read the checkpoint about to be closed
         self.explorer.clear()
         self.compare_view.checkpoint_changed(ckpt)
@@ -341,7 +347,9 @@ class MainWindow(QMainWindow):
         if old is not None:
             old.close()
         self.tree_pane.show_checkpoint(ckpt, index)
-        self.details.show_summary(ckpt, self.tree_pane.model.tree.by_kind if self.tree_pane.model else None)
+        self.details.follow_index(ckpt, self.selected_node)  # shown from a large DCP's head: the rest, now
+        tree = self.tree_pane.model.tree if self.tree_pane.model else None
+        self.details.show_summary(ckpt, tree.by_kind if tree else None, tree.root if tree else None)
         self.views.setCurrentWidget(self.details)
         self.panel.keep_for(ckpt.path)
         if is_remote(ckpt.path):  # the file browser shows local folders; the status bar says where

@@ -81,6 +81,7 @@ def _run_pattern() -> re.Pattern[bytes]:
 
 
 _RUN = _run_pattern()
+_WINDOW = 1 << 20  # bytes one match of _RUN may step over (~10 ms)
 # counted (with any equal byte inside arguments: an over-count) to bound nesting
 _NESTING_OPS = (b"t", b"\x85", b"\x86", b"\x87", b"\x91")
 
@@ -113,11 +114,14 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
     run, step, kinds, lengths = _RUN.match, _STEP, _KIND, _LEN
     puts = 0
     while i < n:
-        i = run(data, i).end()  # type: ignore[union-attr]  # matches the empty run at least
+        # a window at a time: one match over many MiB would hold the GIL (a GUI thread) that long
+        i = run(data, i, min(n, i + _WINDOW)).end()  # type: ignore[union-attr]  # matches the empty run at least
         if i >= n:
             break
         op = data[i]
-        if step[op]:  # an opcode stepped over stops the run only when its argument runs past the end
+        if step[op]:  # an opcode stepped over stops the run at the window's end, or where it runs past the end
+            if i + step[op] <= n:
+                continue
             break
         i += 1
         kind = kinds[op]

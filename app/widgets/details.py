@@ -4,8 +4,10 @@ a histogram, which the window computes in a worker and hands over with :meth:`sh
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -26,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats, tensor_stats
-from dcpstudio.core.model import Totals, dtype_name, printable, short_repr
+from dcpstudio.core.model import Entry, Totals, dtype_name, printable, short_repr
 from dcpstudio.core.report import human_bytes
 
 from ..context import Context
@@ -164,8 +166,13 @@ class DetailsPanel(QStackedWidget):
         self.scroll_area.setWidget(entry)
         self.addWidget(self.scroll_area)
         self.current: str | None = None
+        self._shown: tuple[Checkpoint | None, Node | None, dict[str, Totals] | None] = (None, None, None)
 
-    def show_summary(self, ckpt: Checkpoint | None, by_kind: dict[str, Totals] | None = None) -> None:
+    def show_summary(
+        self, ckpt: Checkpoint | None, by_kind: dict[str, Totals] | None = None, root: Node | None = None
+    ) -> None:
+        """The checkpoint's totals: of ``root``, the tree shown (kept for later calls; a large DCP's
+        tree from its head asks for no storage index, as ``ckpt.tree`` would), by kind ``by_kind``."""
         self.current = None
         self.setCurrentIndex(0)
         if ckpt is None:
@@ -173,16 +180,21 @@ class DetailsPanel(QStackedWidget):
             _fill(self.by_dtype, [])
             _fill(self.by_prefix, [])
             return
-        by_dtype = by_kind if by_kind is not None else totals_by_kind(ckpt.tree.walk())
+        if root is not None:
+            self._shown = (ckpt, root, by_kind)
+        elif id(self._shown[0]) == id(ckpt):  # (not "is": mypy would narrow ckpt to Optional)
+            _, root, by_kind = self._shown
+        root = root or ckpt.tree
+        by_dtype = by_kind if by_kind is not None else totals_by_kind(root.walk())
         tensors = sum(t.count for k, t in by_dtype.items() if k != "value")
-        t = ckpt.tree.totals
+        t = root.totals
         self.summary_title.setText(
             f"<b>{html.escape(printable(name_of(ckpt.path)))}</b> — {ckpt.format}, {tensors:,} tensors "
             f"({human_count(t.params)} parameters, {human_bytes(t.tensor_bytes)}), "
             f"{t.count - tensors:,} other values"
         )
         _fill(self.by_dtype, _rows(by_dtype))
-        _fill(self.by_prefix, _rows({printable(k): n.totals for k, n in ckpt.tree.children.items()}))
+        _fill(self.by_prefix, _rows({printable(k): n.totals for k, n in root.children.items()}))
 
     def show_selection(self, ckpt: Checkpoint | None, node: Node | None) -> None:
         """Show what is selected: the summary for nothing, else the node, then (from a worker) its
@@ -193,7 +205,8 @@ class DetailsPanel(QStackedWidget):
         entry = node.entry
         remote = is_remote(ckpt.path)  # listing a remote checkpoint's chunks may ask the store: worker only
         try:
-            chunks = ckpt.chunks(entry.fqn) if entry is not None and not remote else []
+            local = entry is not None and not remote and ckpt.index_ready()  # else: from the worker, below
+            chunks = ckpt.chunks(entry.fqn) if local and entry is not None else []
         except Exception as e:  # a damaged entry: say so, show what the model knows
             self.ctx.notifier.error(e)
             chunks = []
@@ -277,6 +290,17 @@ class DetailsPanel(QStackedWidget):
         if group:
             _fill(self.group_table, _rows(totals_by_kind(node.walk())) if agg.count <= _GROUP_WALK else [])
             _fit_height(self.group_table)
+        self._show_chunks(ckpt, e, chunks)
+        self.values_box.setVisible(e is not None)
+        self.explore_button.setVisible(e is not None and e.kind == "tensor")
+        self.preview.clear()
+        self.preview.setRowCount(0)
+        self.preview.setColumnCount(0)
+        self.preview_caption.setText("reading…" if e is not None else "")
+        self.stats_label.setText("computing…" if e is not None and e.kind == "tensor" else "")
+        self.histogram.set_data([], [])
+
+    def _show_chunks(self, ckpt: Checkpoint, e: Entry | None, chunks: list[Chunk]) -> None:
         tensor_chunks = chunks if e is not None and e.kind == "tensor" else []
         _fill(
             self.chunk_table,
@@ -288,14 +312,22 @@ class DetailsPanel(QStackedWidget):
         root = None if is_remote(ckpt.path) else ckpt.path  # a store's file sizes: not asked on this thread
         self.drawing.set_chunks(e.shape or () if e is not None else (), tensor_chunks, root)
         self.drawing.setVisible(bool(tensor_chunks))
-        self.values_box.setVisible(e is not None)
-        self.explore_button.setVisible(e is not None and e.kind == "tensor")
-        self.preview.clear()
-        self.preview.setRowCount(0)
-        self.preview.setColumnCount(0)
-        self.preview_caption.setText("reading…" if e is not None else "")
-        self.stats_label.setText("computing…" if e is not None and e.kind == "tensor" else "")
-        self.histogram.set_data([], [])
+
+    def follow_index(self, ckpt: Checkpoint, node: Callable[[], Node | None]) -> None:
+        """Read ``ckpt``'s storage index (a large DCP shown from its ``.metadata``'s head) on a worker;
+        then the selected tensor (``node()``), shown without its chunks meanwhile, gets them. A refusal
+        is the window's to handle (job kind "index")."""
+        if ckpt.index_ready():
+            return
+
+        def indexed(_: Any) -> None:
+            n = node()
+            e = n.entry if n is not None else None
+            if e is not None and e.kind == "tensor" and self.current == e.fqn and not self.chunk_table.rowCount():
+                with contextlib.suppress(Exception):  # a damaged entry: selecting it again explains
+                    self._show_chunks(ckpt, e, ckpt.chunks(e.fqn))
+
+        self.ctx.start("index", lambda progress, cancel: ckpt.wait_index(), indexed)
 
     def show_preview(self, fqn: str, preview: Preview, stats: TensorStats | None) -> None:
         if fqn != self.current:

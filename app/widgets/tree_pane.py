@@ -137,6 +137,14 @@ class TreePane(QWidget):
         self.view.setColumnHidden(CHUNKS, not self.model.tree.sharded)  # shown when a tensor is in pieces
         self.apply_filter()
 
+    def clear(self) -> None:
+        """Show no checkpoint (the one shown was closed)."""
+        old, self.model = self.model, None
+        self.view.setModel(None)
+        if old is not None:
+            old.deleteLater()
+        self.match_label.setText("")
+
     def _size_columns(self, tree: TreeIndex) -> None:
         """Widths from the widest text each column can show (measuring rows would read them all):
         the name column takes the rest."""

@@ -133,6 +133,19 @@ class Checkpoint:
         """How a tensor is stored: its chunks, with file and byte range."""
         raise NotImplementedError
 
+    def early_tree(self) -> Node:
+        """The tree, at once: a large DCP still reading its storage index gives the tree of its
+        ``.metadata``'s head (the index, read later, must agree with it: :meth:`wait_index`)."""
+        return self.tree
+
+    def index_ready(self) -> bool:
+        """Whether chunk tables are answered without waiting (False: a large DCP ``.metadata`` opened
+        from its head, whose storage index is still being parsed -- :meth:`wait_index`)."""
+        return True
+
+    def wait_index(self) -> None:
+        """Wait until the storage index is read (see :meth:`index_ready`), raising what is wrong with it."""
+
     def chunk_count(self, fqn: str) -> int:
         """How many chunks :meth:`chunks` lists, found as cheaply as the format allows."""
         return len(self.chunks(fqn))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import io
 import math
+import threading
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsafePickleError
 from ..formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
@@ -52,6 +52,7 @@ from .dcp_metadata import (
     stop_child,
     store_index,
 )
+from .dcp_planned import read_planned
 
 __all__ = ["DCPCheckpoint"]
 
@@ -79,6 +80,8 @@ class DCPCheckpoint(Checkpoint):
         self._data = b""
         self._head_only = False
         self._head: Head | None = None  # a large .metadata's head, read by .dcp_fast
+        self._building = threading.Lock()  # one thread builds the index; others asking wait for it
+        self._refused: Exception | None = None
         self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
         self._child = None  # a child process parsing the storage index meanwhile (two cores)
@@ -118,14 +121,31 @@ class DCPCheckpoint(Checkpoint):
         self._data, self._md = data, md
         return entries_from_metadata(md, label)
 
-    @damaged_metadata
     def _storage(self) -> DCPIndex:
         """The storage index and chunk lists, built on first use. A large ``.metadata`` is opened
-        without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result."""
-        if self._index is None:
-            with gc_paused():  # millions of records: the cyclic GC's passes would cost seconds
-                self._index = self._build_index()
+        without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result
+        -- or the refusal, given again at once to whoever asks next."""
+        with self._building:
+            if self._index is None:
+                if self._refused is not None:
+                    raise self._refused
+                try:
+                    self._index = self._read_index()
+                except (CorruptCheckpointError, UnsafePickleError) as e:
+                    self._refused = e
+                    raise
         return self._index
+
+    @damaged_metadata
+    def _read_index(self) -> DCPIndex:
+        with gc_paused():  # millions of records: the cyclic GC's passes would cost seconds
+            return self._build_index()
+
+    def index_ready(self) -> bool:
+        return self._index is not None
+
+    def wait_index(self) -> None:
+        self._storage()
 
     def _build_index(self) -> DCPIndex:
         """Parse the whole pickle (it must say what its head said), index it, cache the index and free
@@ -139,7 +159,9 @@ class DCPCheckpoint(Checkpoint):
             built = build_in_child(self.path, str(md_path))
         if built is not None:
             index, entries = built
-            if not same_entries(entries, self.entries):
+            if not same_entries(entries, self.entries):  # unchanged since opened: head and whole disagree
+                if self._key is not None and cache_key(md_path) == self._key:
+                    raise ambiguous(str(md_path))
                 raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
             if self._head is not None:
                 check_head(self._head, entries, index, str(md_path))
@@ -169,8 +191,13 @@ class DCPCheckpoint(Checkpoint):
 
     @functools.cached_property
     def tree(self) -> Node:
-        self._storage()  # byte items' sizes count in the totals
+        self._storage()  # byte items' sizes count in the totals; a head is checked against the whole
         return build_tree(self.entries, self.path.name)
+
+    def early_tree(self) -> Node:
+        if self._index is None and all(e.kind == "tensor" for e in self.entries.values()):
+            return build_tree(self.entries, self.path.name)  # no byte items, whose sizes are in the index
+        return self.tree
 
     def paths(self) -> dict[str, tuple[str | int, ...]]:
         if self._head is not None:  # a head read in bulk stops before the planner data
@@ -352,46 +379,8 @@ class DCPCheckpoint(Checkpoint):
             _place(target, at, piece)
         target = new_tensor(sizes, entry.dtype.torch) if target is None else target
         if planned:
-            self._read_planned(fqn, planned, offsets, sizes, target)
+            read_planned(self.path, self._trust, fqn, entry, planned, self._descriptors, offsets, sizes, target)
         return target
-
-    def _read_planned(
-        self, fqn: str, chunks: list[Chunk], offsets: list[int], sizes: list[int], target: torch.Tensor
-    ) -> None:
-        """Read the box's overlap with ``chunks`` into ``target`` through torch's read plan (which
-        decodes each chunk whole: compressed chunks)."""
-        import torch
-        from torch.distributed.checkpoint.metadata import (
-            ChunkStorageMetadata,
-            MetadataIndex,
-            TensorProperties,
-            TensorStorageMetadata,
-        )
-        from torch.distributed.checkpoint.planner import LoadPlan
-        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
-        from ..formats.dcp_storage import DCPReader
-        from ..planners import RegionPlanner
-
-        entry = self.entries[fqn]
-        md = TensorStorageMetadata(
-            TensorProperties(dtype=target.dtype),
-            torch.Size(entry.shape or ()),
-            [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in chunks],
-        )
-        reader = DCPReader(self.path, trust_pickle=self._trust)
-        reader.storage_data = {
-            MetadataIndex(fqn, torch.Size(c.offsets)): SimpleNamespace(  # what DCPReader reads of an info
-                relative_path=c.file or "",
-                offset=c.offset or 0,
-                length=c.length or 0,
-                transform_descriptors=self._descriptors(fqn, c.offsets),
-            )
-            for c in chunks
-        }
-        box = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
-        items = create_read_items_for_chunk_list(fqn, md, [box])
-        reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()
 
     def close(self) -> None:
         self._child = None

@@ -134,7 +134,8 @@ def framed(payload: bytes) -> bytes:
     return b"\x80\x04\x95" + len(payload).to_bytes(8, "little") + payload
 
 
-def test_entries_set_twice_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("child", [False, True])
+def test_entries_set_twice_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, child: bool) -> None:
     """A stream whose Metadata sets its entries again after the storage index: its head says one
     thing, the whole stream another -- refused, not shown as either."""
     data = pickle.dumps(big_metadata.torch_metadata(30, 2))
@@ -146,7 +147,8 @@ def test_entries_set_twice_are_refused(tmp_path: Path, monkeypatch: pytest.Monke
     folder.mkdir()
     (folder / ".metadata").write_bytes(twice)
     monkeypatch.setattr(dcp_metadata, "HEAD_ONLY_ABOVE", 0)
-    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 1 << 40)
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0 if child else 1 << 40)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ckpt = open_checkpoint(folder)
     assert ckpt._head is not None  # type: ignore[attr-defined]  # opened from its head, the fast way
     with pytest.raises(CorruptCheckpointError, match="set twice"):

@@ -99,3 +99,21 @@ def test_scan_walks_like_the_opcode_walk(protocol: int) -> None:
             assert _outcome(g.scan, bytes(flipped)) == _outcome(_walk, bytes(flipped))
         tail = data + b"garbage after STOP"
         assert g.scan(tail, "x") == _walk(tail, "x")
+
+
+def test_scan_steps_over_long_runs_a_window_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of plain opcodes longer than one window (a large .metadata's memo stores; so that no
+    single match holds the GIL for long) walk the same, wherever a window ends: inside an opcode's
+    argument, on a boundary, just before a truncation."""
+    rng = random.Random(7)
+    monkeypatch.setattr(g, "_WINDOW", 64)
+    for _ in range(40):
+        items = [rng.choice([1, 300, 70000, 2**40, None, True, -5]) for _ in range(rng.randrange(50, 400))]
+        data = pickle.dumps([items, items[:7], "x" * rng.randrange(300)], protocol=rng.choice([2, 4, 5]))
+        assert g.scan(data, "x") == _walk(data, "x") and g.scan(data, "x").end == len(data)
+        for cut in {rng.randrange(len(data)) for _ in range(12)}:
+            assert _outcome(g.scan, data[:cut]) == _outcome(_walk, data[:cut])
+    body = b"\x80\x04N" + b"\x94" * (3 << 20) + b"."  # memo stores over three 1 MiB windows
+    monkeypatch.setattr(g, "_WINDOW", 1 << 20)
+    assert g.scan(body, "x") == _walk(body, "x") and g.scan(body, "x").end == len(body)
+    assert _outcome(g.scan, body[:-1]) == _outcome(_walk, body[:-1])
