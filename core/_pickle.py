@@ -62,10 +62,13 @@ def gc_paused() -> Iterator[None]:
     after re-enabling would walk them all at once (another 0.9 s)."""
     enabled = gc.isenabled()
     gc.disable()
+    done = False
     try:
         yield
+        done = True
     finally:
-        gc.freeze()
+        if done:  # not on a failure: its traceback's frames (and what they hold) would never be collected
+            gc.freeze()
         if enabled:
             gc.enable()
 

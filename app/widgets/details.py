@@ -176,6 +176,7 @@ class DetailsPanel(QStackedWidget):
         self.current = None
         self.setCurrentIndex(0)
         if ckpt is None:
+            self._shown = (None, None, None)  # the last one shown is closed: not kept
             self.summary_title.setText("Open a checkpoint: drop it here, or use File ▸ Open.")
             _fill(self.by_dtype, [])
             _fill(self.by_prefix, [])

@@ -3,6 +3,7 @@ chunk sets, values read without torch where bytes lie in place (or as whole-row 
 
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import math
@@ -35,6 +36,7 @@ from .dcp_metadata import (
     cache_key,
     cache_wanted,
     cached_index,
+    cancel_child,
     check_head,
     check_stored,
     damaged_metadata,
@@ -60,15 +62,11 @@ _VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than thi
 
 
 class DCPCheckpoint(Checkpoint):
-    """A large ``.metadata`` opens from its head (names, dtypes, shapes) while a child process
-    parses its storage index into a :class:`DCPIndex` (taken on first use), which is kept in the
-    user's cache (:mod:`.._index_cache`): the same unchanged ``.metadata`` opens from there next
-    time, with no pickle read at all. Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`).
-    Chunk tables are checked when first asked for, wherever they came from.
-
-    ``full_index``: parse the storage index at once (a large one in a child process:
-    :func:`.dcp_metadata.build_in_child`) instead of the head first -- for a caller that needs
-    everything anyway, as the window does."""
+    """A large ``.metadata`` opens from its head (names, dtypes, shapes) while a child process parses
+    its storage index into a :class:`DCPIndex` (taken on first use; kept in the user's cache,
+    :mod:`.._index_cache`, from where the unchanged ``.metadata`` opens next time with no pickle
+    read). Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`). Chunk tables
+    are checked when first asked for. ``full_index``: the storage index at once, no head first."""
 
     format: Format = "dcp"
 
@@ -85,6 +83,8 @@ class DCPCheckpoint(Checkpoint):
         self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
         cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
         self._child = None  # a child process parsing the storage index meanwhile (two cores)
+        self._taken: Any = None  # that child, while a thread waits for its result
+        self._child_lock = threading.Lock()
         if cached is None and not trust_pickle and parse_in_child(md_path):
             cached, self._child = index_in_child(path, self._key, wait=full_index)
         self._stop = weakref.finalize(self, stop_child, self._child)  # one whose index is never asked for
@@ -125,14 +125,16 @@ class DCPCheckpoint(Checkpoint):
         """The storage index and chunk lists, built on first use. A large ``.metadata`` is opened
         without them; this parses the whole pickle then (100k tensors: ~3 s) and caches the result
         -- or the refusal, given again at once to whoever asks next."""
+        if self._index is not None:  # published (by _indexed) before the lock is let go
+            return self._index
         with self._building:
             if self._index is None:
                 if self._refused is not None:
-                    raise self._refused
+                    raise copy.copy(self._refused)  # a fresh one: no traceback holding this checkpoint
                 try:
                     self._index = self._read_index()
                 except (CorruptCheckpointError, UnsafePickleError) as e:
-                    self._refused = e
+                    self._refused = copy.copy(e)
                     raise
         return self._index
 
@@ -152,9 +154,14 @@ class DCPCheckpoint(Checkpoint):
         the records."""
         md_path = self.path / METADATA_FILE
         built = None
-        if self._child is not None:
-            child, self._child = self._child, None
-            built = finish_child(child, str(md_path), self._stop.detach)
+        with self._child_lock:  # taken from the checkpoint: close() now stops it through _taken
+            child, self._child, self._taken = self._child, None, self._child
+            self._stop.detach()
+        if child is not None:
+            try:
+                built = finish_child(child, str(md_path))
+            finally:
+                self._taken = None
         elif not self._trust and parse_in_child(md_path):
             built = build_in_child(self.path, str(md_path))
         if built is not None:
@@ -184,6 +191,7 @@ class DCPCheckpoint(Checkpoint):
                 entry.byte_size = byte_size(index, fqn)
         if not self._trust:  # a trusted pickle may hold anything: never cached
             store_index(self.path / METADATA_FILE, index, self._key)
+        self._index = index  # published before what it replaces is let go (another thread may ask)
         self._data, self._head = b"", None
         md, self._md = self._md, None
         dispose(md)
@@ -383,6 +391,8 @@ class DCPCheckpoint(Checkpoint):
         return target
 
     def close(self) -> None:
-        self._child = None
-        self._stop()
+        with self._child_lock:
+            self._child = None
+            self._stop()  # a child never taken: stopped here
+            cancel_child(self._taken)  # one a thread waits for: stopped, and that thread told so
         self._files.close()

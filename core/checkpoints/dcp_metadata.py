@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ __all__ = [
     "cache_key",
     "cache_wanted",
     "cached_index",
+    "cancel_child",
     "check_head",
     "check_stored",
     "damaged_metadata",
@@ -247,12 +247,16 @@ def stop_child(child: subprocess.Popen[bytes] | None) -> None:
     child.communicate()
 
 
-def finish_child(
-    child: subprocess.Popen[bytes], label: str, taken: Callable[[], Any] = lambda: None
-) -> tuple[DCPIndex, dict[str, Entry]] | None:
-    """What the child from :func:`start_child` parsed (see :func:`build_in_child`); ``taken`` is called
-    first (its stop is no longer wanted)."""
-    taken()
+def cancel_child(child: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child whose result a thread waits for in :func:`finish_child`: there it is a cancellation."""
+    with _CHILDREN_LOCK:
+        if child is not None and child in _CHILDREN:
+            _STOPPED.add(child.pid)
+            child.kill()
+
+
+def finish_child(child: subprocess.Popen[bytes], label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    """What the child from :func:`start_child` parsed (see :func:`build_in_child`)."""
     cmd = child.args
     try:
         out, err = child.communicate(timeout=TIMEOUT)

@@ -246,3 +246,75 @@ def test_a_frame_claiming_more_than_the_stream_holds_is_not_read_short() -> None
     with pytest.raises(CorruptCheckpointError, match="truncated"):
         generic(cut)
     assert fast_index(cut, "x") is None
+
+
+def test_a_refused_checkpoint_is_freed_and_refused_the_same_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal is kept and given again (a fresh error, no growing traceback), and nothing it
+    raised through keeps the checkpoint -- and its metadata bytes -- alive once dropped."""
+    import gc
+    import weakref
+
+    data = pickle.dumps(big_metadata.torch_metadata(30, 2))
+    payload = b"".join(data[a + 9 : b] for a, b in _frames(data))
+    folder = tmp_path / "twice"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(framed(payload[:-3] + b"\x8c\x13state_dict_metadata}u" + b"b."))
+    monkeypatch.setattr(dcp_metadata, "HEAD_ONLY_ABOVE", 0)
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ckpt = open_checkpoint(folder)
+    name = next(iter(ckpt.entries))
+    depths = []
+    for _ in range(5):
+        with pytest.raises(CorruptCheckpointError, match="set twice") as info:
+            ckpt.chunks(name)
+        tb, depth = info.value.__traceback__, 0
+        while tb is not None:
+            tb, depth = tb.tb_next, depth + 1
+        depths.append(depth)
+    assert len(set(depths[1:])) == 1  # the same each time, not growing
+    ref = weakref.ref(ckpt)
+    ckpt.close()
+    del ckpt, info
+    gc.collect()
+    assert ref() is None
+
+
+def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint closed while a thread waits for its index (the window opening another one): the
+    child is stopped at once and the waiting thread told it was cancelled."""
+    import threading
+    import time
+
+    from dcpstudio.core import CancelledError
+
+    folder = tmp_path / "big"
+    folder.mkdir()
+    big_metadata.write_metadata(folder / ".metadata", 40_000, 4)  # ~28 MiB: seconds to parse
+    monkeypatch.setattr(dcp_metadata, "CHILD_ABOVE", 0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ckpt = open_checkpoint(folder)
+    child = ckpt._child  # type: ignore[attr-defined]
+    assert child is not None
+    outcome: list[BaseException | None] = []
+
+    def wait() -> None:
+        try:
+            ckpt.wait_index()
+            outcome.append(None)
+        except BaseException as e:  # handed to the test thread
+            outcome.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while ckpt._taken is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.005)
+    started = time.monotonic()
+    ckpt.close()
+    waiter.join(30)
+    assert time.monotonic() - started < 5 and child.poll() is not None
+    assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
+    assert not dcp_metadata._CHILDREN and not dcp_metadata._STOPPED
