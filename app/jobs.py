@@ -1,5 +1,7 @@
 """One running job per kind (open, preview, convert, verify, load, ...): starting a new one
-cancels the old, which is kept alive until its thread ends; closing cancels and waits for all."""
+cancels the old, which is kept alive until its thread ends, then deleted -- a finished job replaced is
+deleted at once, with the callbacks connected to it (closures over a checkpoint the window may have
+closed since); closing cancels and waits for all."""
 
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ class JobBoard:
         if old is not None and old.running:
             old.cancel()
             self.retired.add(old)
-            old.finished.connect(lambda o=old: self.retired.discard(o))
+            old.finished.connect(lambda o=old: self._dispose(o))
+        elif old is not None:
+            old.deleteLater()  # finished and replaced: its callbacks (and what they hold) go with it
         job = Job(fn, kind, self._owner)
         job.result.connect(on_result)
         job.errored.connect(lambda e, k=kind, j=job: self._on_error(k, e, j))
@@ -51,6 +55,10 @@ class JobBoard:
         job.start()
         self._on_change()
         return job
+
+    def _dispose(self, job: Job) -> None:
+        self.retired.discard(job)
+        job.deleteLater()
 
     def cancel(self, kind: str) -> None:
         job = self.jobs.get(kind)

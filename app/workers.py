@@ -31,7 +31,7 @@ class _Runner(QObject):
 
     def __init__(self, fn: JobFunction, token: CancelToken, interval: float) -> None:
         super().__init__()
-        self._fn = fn
+        self._fn: JobFunction | None = fn
         self._token = token
         self._interval = interval
         self._last = 0.0
@@ -45,7 +45,9 @@ class _Runner(QObject):
     @Slot()
     def run(self) -> None:
         try:
-            value = self._fn(self._report, self._token)
+            fn, self._fn = self._fn, None  # what it holds (a checkpoint, say) does not live on with the job
+            assert fn is not None  # a runner runs once
+            value = fn(self._report, self._token)
         except CancelledError:
             self.cancelled.emit()
         except Exception as e:  # every failure becomes a signal; the notifier shows it

@@ -325,3 +325,25 @@ def test_rapid_selection_changes_cancel_old_previews_safely(qtbot: Any, window: 
     qtbot.waitUntil(lambda: not window.board.retired, timeout=30_000)  # every cancelled job's thread ended
     assert window.details.prop_labels["Name"].text() == last
     assert not window.message_bar.showing  # cancelled jobs report nothing
+
+
+def test_a_checkpoint_replaced_in_the_window_is_freed(
+    qtbot: Any, window: MainWindow, multirank_dcp: Path, rich_pt: Path
+) -> None:
+    """Minutes of use open one checkpoint after another: the one replaced, with everything its
+    finished jobs' callbacks held (previews, statistics), is freed, not kept by those jobs."""
+    import gc
+    import weakref
+
+    open_by_drop(qtbot, window, multirank_dcp)
+    assert window.select("model.w")
+    qtbot.waitUntil(lambda: "min" in window.details.stats_label.text(), timeout=20_000)
+    first = weakref.ref(window.ckpt)
+    for path in (rich_pt, multirank_dcp):
+        open_by_drop(qtbot, window, path)
+        finish(qtbot, window, "open")
+    assert window.select("model.w")
+    qtbot.waitUntil(lambda: "min" in window.details.stats_label.text(), timeout=20_000)
+    qtbot.wait(50)  # deferred deletions
+    gc.collect()
+    assert first() is None
