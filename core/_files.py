@@ -59,8 +59,10 @@ def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) 
     label = label or str(path)
     with open_regular(path, label) as f:
         size = file_size(f)
-        if size > limit:
-            raise CorruptCheckpointError(f"{label}: {size} bytes, more than the {limit} such a file may hold")
+        if size > limit:  # a size this tool does not read, not damage: said as such (in MiB/GiB)
+            raise UnsupportedFormatError(
+                f"{label}: {_size(size)}, more than the {_size(limit)} DCP Studio reads of such a file"
+            )
         if isinstance(f, RemoteFile):  # one request for the whole, not block by block
             out = bytearray(size)
             n = f.pread(0, memoryview(out))
@@ -128,3 +130,7 @@ def open_member(root: Any, name: Any, what: str) -> IO[bytes]:
         return open_regular(path, str(root / name))
     except UnsupportedFormatError as e:
         raise CorruptCheckpointError(str(e).replace(": cannot open (", f": cannot open {what} (", 1)) from None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 1 << 30 else f"{n / 2**20:.1f} MiB"

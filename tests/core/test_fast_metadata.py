@@ -318,3 +318,16 @@ def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypa
     assert time.monotonic() - started < 5 and child.poll() is not None
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
     assert not dcp_metadata._CHILDREN and not dcp_metadata._STOPPED
+
+
+def test_a_metadata_over_the_size_read_is_refused_as_too_large_not_damaged(tmp_path: Path) -> None:
+    """A 1,024-rank run's .metadata can pass the size this tool reads: said so, not called damage."""
+    from dcpstudio.core.errors import UnsupportedFormatError
+    from dcpstudio.core.formats.dcp import METADATA_LIMIT
+
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    with open(folder / ".metadata", "wb") as f:
+        f.truncate(METADATA_LIMIT + (1 << 30))  # sparse: nothing written
+    with pytest.raises(UnsupportedFormatError, match=r"3\.0 GiB, more than the 2\.0 GiB DCP Studio reads"):
+        open_checkpoint(folder)
