@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO
 
 from ._remote import RemoteFile, RemotePath, RemoteWriter
+from ._units import human_bytes
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = [
@@ -59,9 +60,9 @@ def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) 
     label = label or str(path)
     with open_regular(path, label) as f:
         size = file_size(f)
-        if size > limit:  # a size this tool does not read, not damage: said as such (in MiB/GiB)
+        if size > limit:  # a size this tool does not read, not damage: said as such
             raise UnsupportedFormatError(
-                f"{label}: {_size(size)}, more than the {_size(limit)} DCP Studio reads of such a file"
+                f"{label}: {human_bytes(size)}, more than the {human_bytes(limit)} DCP Studio reads of such a file"
             )
         if isinstance(f, RemoteFile):  # one request for the whole, not block by block
             out = bytearray(size)
@@ -130,7 +131,3 @@ def open_member(root: Any, name: Any, what: str) -> IO[bytes]:
         return open_regular(path, str(root / name))
     except UnsupportedFormatError as e:
         raise CorruptCheckpointError(str(e).replace(": cannot open (", f": cannot open {what} (", 1)) from None
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 1 << 30 else f"{n / 2**20:.1f} MiB"

@@ -41,19 +41,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._units import human_bytes
 from .diff import DiffReport, ValueMismatch
 from .inspect import Checkpoint
 from .model import Chunk, Node, dtype_name, printable, short_repr
 
 __all__ = ["checkpoint_json", "checkpoint_text", "diff_json", "diff_text", "human_bytes"]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _chunk_json(c: Chunk) -> dict[str, Any]:
