@@ -306,11 +306,7 @@ class MainWindow(QMainWindow):
                 title = "Open trusting this file" if kind == "open" else "Reopen trusting this file"
                 actions = [(title, functools.partial(self.open_path, path, trust_pickle=True))]
         if kind == "index" and self.ckpt is not None:  # shown from its head, refused as a whole: closed
-            self.board.cancel("preview")
-            self.explorer.clear()
-            self.compare_view.checkpoint_changed(None)
-            self.ckpt.close()
-            self.ckpt = None
+            self._replace(None)
             self.tree_pane.clear()
             self.details.show_summary(None)
         self.notifier.error(exc, actions)
@@ -338,7 +334,8 @@ class MainWindow(QMainWindow):
         self.board.start("open", work, lambda result: self._opened(*result))
         self._jobs_changed()
 
-    def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
+    def _replace(self, ckpt: Checkpoint | None) -> None:
+        """Close the checkpoint shown (``ckpt`` takes its place) and what reads it."""
         for kind in ("preview", "compare-values", "index"):
             self.board.cancel(kind)  # they read the checkpoint about to be closed
         self.explorer.clear()
@@ -346,6 +343,9 @@ class MainWindow(QMainWindow):
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()
+
+    def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
+        self._replace(ckpt)
         self.tree_pane.show_checkpoint(ckpt, index)
         self.details.follow_index(ckpt, self.selected_node)  # shown from a large DCP's head: the rest, now
         tree = self.tree_pane.model.tree if self.tree_pane.model else None
