@@ -181,8 +181,7 @@ def stop_index_children() -> None:
     :func:`build_in_child` raises :class:`~dcpstudio.core.errors.CancelledError` at once."""
     with _CHILDREN_LOCK:
         for child in _CHILDREN:
-            _STOPPED.add(child.pid)
-            child.kill()
+            _cancel(child)
 
 
 def parse_in_child(md_path: Path) -> bool:
@@ -251,8 +250,13 @@ def cancel_child(child: subprocess.Popen[bytes] | None) -> None:
     """Stop a child whose result a thread waits for in :func:`finish_child`: there it is a cancellation."""
     with _CHILDREN_LOCK:
         if child is not None and child in _CHILDREN:
-            _STOPPED.add(child.pid)
-            child.kill()
+            _cancel(child)
+
+
+def _cancel(child: subprocess.Popen[bytes]) -> None:
+    """Kill ``child`` (under the lock), marked so that :func:`finish_child` raises CancelledError."""
+    _STOPPED.add(child.pid)
+    child.kill()
 
 
 def finish_child(child: subprocess.Popen[bytes], label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
