@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,22 @@ def dcp_load(state: Any, **kwargs: Any) -> Any:
     import torch.distributed.checkpoint as dcp
 
     return _single_process(dcp.load, state, **kwargs)
+
+
+def on_thread(fn: Any) -> tuple[threading.Thread, list[BaseException | None]]:
+    """``fn()`` started on a thread; the list gets None when it returns, or what it raised."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as e:  # handed to the test thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
 
 
 def leftovers(directory: Path) -> list[str]:

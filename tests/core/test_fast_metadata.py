@@ -285,10 +285,10 @@ def test_a_refused_checkpoint_is_freed_and_refused_the_same_each_time(
 def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint closed while a thread waits for its index (the window opening another one): the
     child is stopped at once and the waiting thread told it was cancelled."""
-    import threading
     import time
 
     from dcpstudio.core import CancelledError
+    from tests.conftest import on_thread
 
     folder = tmp_path / "big"
     folder.mkdir()
@@ -298,17 +298,7 @@ def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypa
     ckpt = open_checkpoint(folder)
     child = ckpt._child  # type: ignore[attr-defined]
     assert child is not None
-    outcome: list[BaseException | None] = []
-
-    def wait() -> None:
-        try:
-            ckpt.wait_index()
-            outcome.append(None)
-        except BaseException as e:  # handed to the test thread
-            outcome.append(e)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
+    waiter, outcome = on_thread(ckpt.wait_index)
     deadline = time.monotonic() + 30
     while ckpt._taken is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
         time.sleep(0.005)

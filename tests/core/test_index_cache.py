@@ -20,7 +20,7 @@ from dcpstudio.core.checkpoints import dcp as dcp_module
 from dcpstudio.core.checkpoints import dcp_metadata
 from dcpstudio.core.formats.dcp_index import DCPIndex
 from tests._chunked import ChunkedPlanner, split
-from tests.conftest import assert_same, dcp_save
+from tests.conftest import assert_same, dcp_save, on_thread
 
 
 @pytest.fixture(autouse=True)
@@ -383,7 +383,6 @@ def test_without_a_child_it_parses_here(chunked: Path, in_child: None, monkeypat
 def test_a_window_closing_stops_the_child_parse(tmp_path: Path, in_child: None) -> None:
     """``stop_index_children`` (the window's close) stops a child parse at once: the open raises
     CancelledError instead of making the closing window wait, and no child is left running."""
-    import threading
     import time
 
     from dcpstudio.core import CancelledError, stop_index_children
@@ -391,17 +390,7 @@ def test_a_window_closing_stops_the_child_parse(tmp_path: Path, in_child: None) 
 
     (tmp_path / "big").mkdir()
     big_metadata.write_metadata(tmp_path / "big" / ".metadata", 20_000, 4)  # ~14 MiB: seconds to parse
-    outcome: list[BaseException | None] = []
-
-    def open_it() -> None:
-        try:
-            open_checkpoint(tmp_path / "big", full_index=True)
-            outcome.append(None)
-        except BaseException as e:  # handed to the test thread
-            outcome.append(e)
-
-    worker = threading.Thread(target=open_it)
-    worker.start()
+    worker, outcome = on_thread(lambda: open_checkpoint(tmp_path / "big", full_index=True))
     deadline = time.monotonic() + 30
     while not dcp_metadata._CHILDREN and time.monotonic() < deadline:
         time.sleep(0.01)
