@@ -166,7 +166,7 @@ class DetailsPanel(QStackedWidget):
         self.scroll_area.setWidget(entry)
         self.addWidget(self.scroll_area)
         self.current: str | None = None
-        self._shown: tuple[Checkpoint | None, Node | None, dict[str, Totals] | None] = (None, None, None)
+        self._shown: tuple[Checkpoint, Node, dict[str, Totals] | None] | None = None  # the summary's tree
 
     def show_summary(
         self, ckpt: Checkpoint | None, by_kind: dict[str, Totals] | None = None, root: Node | None = None
@@ -176,14 +176,14 @@ class DetailsPanel(QStackedWidget):
         self.current = None
         self.setCurrentIndex(0)
         if ckpt is None:
-            self._shown = (None, None, None)  # the last one shown is closed: not kept
+            self._shown = None  # the last one shown is closed: not kept
             self.summary_title.setText("Open a checkpoint: drop it here, or use File ▸ Open.")
             _fill(self.by_dtype, [])
             _fill(self.by_prefix, [])
             return
         if root is not None:
             self._shown = (ckpt, root, by_kind)
-        elif id(self._shown[0]) == id(ckpt):  # (not "is": mypy would narrow ckpt to Optional)
+        elif self._shown is not None and self._shown[0] is ckpt:
             _, root, by_kind = self._shown
         root = root or ckpt.tree
         by_dtype = by_kind if by_kind is not None else totals_by_kind(root.walk())
