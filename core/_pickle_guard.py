@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["StreamInfo", "YieldingStream", "run_with_stack", "scan", "walks_to"]
+__all__ = ["StreamInfo", "YieldingStream", "lands_on", "run_with_stack", "scan"]
 
 T = TypeVar("T")
 
@@ -157,25 +157,50 @@ def scan(data: bytes | bytearray | mmap.mmap, label: str, start: int = 0) -> Str
     raise _damaged(label, "it ends before its STOP opcode; truncated?")
 
 
-def walks_to(data: bytes, start: int, pos: int) -> bool:
-    """Whether walking the opcodes from ``start`` (an opcode start) lands on ``pos``: binary arguments
-    are stepped over; an opcode with a text argument, or a negative length, ends the walk (False)."""
-    while start < pos:
-        op = data[start]
-        step = _STEP[op]
-        if not step:
-            if _KIND[op] == _PUT:
-                step = 1 + _LEN[op]
-            elif _KIND[op] == _SIZED:
-                width = _LEN[op]
-                size = int.from_bytes(data[start + 1 : start + 1 + width], "little", signed=op in _SIGNED)
+def lands_on(data: bytes, positions: list[int], start: int = 0) -> bool:
+    """Whether each of ``positions`` (ascending) is where an opcode starts when the stream is read
+    from ``start`` (an opcode start) as the unpickler reads it: one walk over every opcode up to the
+    last position, no position inside an argument and none past a STOP.
+
+    This is what proves a shortcut over a pickle sound: a byte pattern found by searching the raw
+    stream can lie inside an argument (a ``BINBYTES`` whose length swallows it), where the unpickler
+    never executes it. Runs of plain opcodes are stepped over by the scan's expression (in C, a
+    window at a time); each other opcode by its argument's length."""
+    n = len(data)
+    i = start
+    run, step, kinds, lengths = _RUN.match, _STEP, _KIND, _LEN
+    for pos in positions:
+        if pos > n:
+            return False
+        while i < pos:
+            i = run(data, i, min(pos, i + _WINDOW)).end()  # type: ignore[union-attr]  # the empty run at least
+            if i >= pos:
+                break
+            op = data[i]
+            if step[op]:  # stopped by the window or by ``pos``: this opcode ends past it unless the window
+                i += step[op]
+                continue
+            kind = kinds[op]
+            i += 1
+            if kind == _SIZED:
+                width = lengths[op]
+                size = int.from_bytes(data[i : i + width], "little", signed=op in _SIGNED)
                 if size < 0:
                     return False
-                step = 1 + width + size
-            else:
+                i += width + size
+            elif kind == _PUT:
+                i += lengths[op]
+            elif kind in (_LINES, _PUT_LINE):
+                for _ in range(2 if op in _TWO_LINES else 1):
+                    end = data.find(b"\n", i)
+                    if end < 0:
+                        return False
+                    i = end + 1
+            else:  # STOP (nothing after it is read), or an opcode the scan refuses
                 return False
-        start += step
-    return start == pos
+        if i != pos:
+            return False
+    return True
 
 
 def _check_memo(index: int, offset: int, label: str) -> None:

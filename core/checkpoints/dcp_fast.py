@@ -14,13 +14,16 @@ references -- only names and integers differing. Those records are nearly all of
    persistent id carrying a random nonce. The remainder -- the first records, odd entries, planner
    data -- is scanned and unpickled by the usual restricted unpickler, which also resolves every memo
    reference the runs used (appended as probes at the end of the stream).
-3. That is the real parse only if each cut fell on an opcode boundary: had one fallen inside an
-   argument, the unpickler would read the run's id as part of it and never load it. So every id
-   (runs, and one at each protocol-4 frame boundary) must load exactly once, where a run belongs;
-   frame boundaries inside runs must start an opcode of their record; no placeholder or run may stay
-   reachable from the result; the stream may store its memo only by MEMOIZE (appends: an index names
-   the same object at the end as where a run used it); every probe must be what the records need
-   (``'offsets'``, the ``ChunkStorageMetadata`` class, a dtype, ...). Anything else: None.
+3. That is the real parse only if each run is executed by the unpickler as the opcodes its pattern
+   describes. The runs are found by a search over raw bytes, which also finds record-shaped bytes
+   inside an argument (a ``BINBYTES`` whose length covers them) or across a protocol-4 frame's end; so
+   one walk of the stream's opcodes (:func:`~.._pickle_guard.lands_on`) must land on every run's first
+   and last byte and on every frame start, and a pattern is made of whole opcodes only. Then: every id
+   (runs, and one at each frame boundary) must load exactly once, where a run belongs; no placeholder
+   or run may stay reachable from the result; the stream may store its memo only by MEMOIZE (appends:
+   an index names the same object at the end as where a run used it); every probe must be what the
+   records need (``'offsets'``, the ``ChunkStorageMetadata`` class, a dtype, ...); names must be as
+   long as their length bytes say. Anything else: None.
 """
 
 from __future__ import annotations
@@ -211,7 +214,7 @@ class _Builder:
             fqn, offset = key.fqn, getattr(key, "offset", None)
             if type(fqn) is not str or (offset is not None and type(offset) is not tuple) or type(info) is RunToken:
                 raise NotFast
-            self.where[(fqn, () if offset is None else offset)] = info
+            self.where[(fqn, offset)] = info  # None (a byte item's key) is not () (a 0-d tensor's)
         for fqn, smd in sdm.items():
             if type(fqn) is RunToken:
                 self._entries(fqn, smd)

@@ -13,7 +13,7 @@ from operator import methodcaller
 from typing import Any
 
 from .._pickle import LIGHT_METADATA_GLOBALS, Restricted, protocol4_frames
-from .._pickle_guard import YieldingStream, run_with_stack, scan, walks_to
+from .._pickle_guard import YieldingStream, lands_on, run_with_stack, scan
 from ..dtypes import DType
 
 __all__ = ["INT", "LONG1", "PLANNER_KEY", "Cut", "NotFast", "RunToken", "learn", "unframed", "unpickled"]
@@ -220,6 +220,7 @@ class Cut:
         self.refs: dict[str, set[bytes]] = {"fqn": set(), "path": set(), "dtype": set(), "other": set()}
         self.head_only = False  # the stream up to its planner data: entries only, no storage items
         self._kept = 0  # the stream is taken up to here
+        self.frame_starts = frame_starts
         self._frames = iter(frame_starts)
         self._next_frame = next(self._frames, len(s))
 
@@ -238,22 +239,14 @@ class Cut:
             self._next_frame = next(self._frames, len(s))
         self.pieces.append(s[a:b])
 
-    def _check_frames(self, kind: str, a: int, b: int) -> None:
-        """Every frame start inside the run ``s[a:b]`` must be an opcode start of its record."""
-        s, pats = self.s, self.pats
+    def _skip_frames(self, b: int) -> None:
+        """Step past a frame start at a run's first byte (runs lie within frames: :meth:`all_runs`)."""
         while self._next_frame < b:
-            pos = self._next_frame
-            if pos > a:
-                start = max(a, s.rfind(pats.head[kind], a, pos + len(pats.head[kind])))
-                if kind == "entry":  # from the last chunk record or entry starting before it
-                    start = max(start, s.rfind(pats.head["chunk"], a, pos + len(pats.head["chunk"])))
-                if start < a or not walks_to(s, start, pos):
-                    raise NotFast
-            self._next_frame = next(self._frames, len(s))
+            self._next_frame = next(self._frames, len(self.s))
 
     def cut(self, kind: str, a: int, b: int) -> None:
         s, pats = self.s, self.pats
-        self._check_frames(kind, a, b)
+        self._skip_frames(b)
         if kind == "entry":
             groups = pats.entry.findall(s, a, b)
             lists = [g[6] for g in groups]
@@ -314,15 +307,33 @@ class Cut:
         return out, probes
 
     def all_runs(self) -> None:
+        """Cut out every run. Runs are found by searching the raw stream, which also finds
+        record-shaped bytes where the unpickler never executes them: inside an argument (a
+        ``BINBYTES`` whose length covers them) or across a frame's end. So runs are looked for within
+        frames only, and a run is taken only when a walk of the opcodes between runs, from the
+        stream's start, lands on its first byte -- and on every frame start on the way. A run's
+        pattern is whole opcodes, so from a proven start it is read as the unpickler reads it, and its
+        end is an opcode start too."""
         kinds = ("entry",) if self.head_only else ("entry", "item")
-        spans = [(m.start(), m.end(), kind) for kind in kinds for m in self.pats.runs[kind].finditer(self.s)]
+        s, runs, frames = self.s, self.pats.runs, self.frame_starts
+        spans = []
+        for a, b in zip([0, *frames], [*frames, len(s)], strict=True):
+            spans += [(m.start(), m.end(), kind) for kind in kinds for m in runs[kind].finditer(s, a, b)]
         spans.sort()
+        at, next_frame = 0, 0
         for a, b, kind in spans:
             if a < self._kept:
                 raise NotFast
+            first = next_frame
+            while next_frame < len(frames) and frames[next_frame] <= a:
+                next_frame += 1
+            if not lands_on(s, [*frames[first:next_frame], a], at):
+                raise NotFast
             self.keep(self._kept, a)
             self.cut(kind, a, b)
-            self._kept = b
+            self._kept = at = b
+        if not lands_on(s, frames[next_frame:], at):
+            raise NotFast
 
 
 def _load(reduced: bytes, info: Any, label: str, ids: dict[str, Any]) -> Any:

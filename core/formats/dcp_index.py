@@ -24,7 +24,7 @@ __all__ = ["DCPIndex", "Stored", "small_ints"]
 
 _ARRAYS = ("dtype", "shape_start", "dims", "chunk_start", "box_start", "boxes", "file", "offset", "length", "transform")
 _LEN = struct.Struct("<Q")
-_VERSION = 1
+_VERSION = 2  # 2: byte items keyed by offset None, as torch reads them (1 folded None into ())
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,13 @@ class DCPIndex:
         out = cls()
         storage: dict[str, dict[Any, Any]] = {}
         for key, info in md.storage_data.items():
-            fqn, offset = key.fqn, getattr(key, "offset", None)  # no offset for byte items
+            fqn, offset = key.fqn, getattr(key, "offset", None)
             if type(fqn) is not str:
                 raise TypeError("a storage key without a name")
             per = storage.get(fqn)
             if per is None:
                 per = storage[fqn] = {}
-            per[() if offset is None else offset] = info
+            per[offset] = info  # None and () are different keys to torch: see add()
         sdm = md.state_dict_metadata
         no_chunks: dict[Any, Any] = {}
         for name, dtype, shape in entries:
@@ -119,7 +119,11 @@ class DCPIndex:
     def add(self, name: str, dtype: str | None, shape: Sequence[int] | None, listed: Any, stored: Any) -> None:
         """Append entry ``name``: its chunk records ``listed`` (or a function returning them; ``[None]``
         for a non-tensor value) and ``stored(offsets)``, the storage info of the chunk at ``offsets``
-        (None: none listed). A damaged chunk list is recorded in ``errors``."""
+        (None: none listed). A damaged chunk list is recorded in ``errors``.
+
+        The storage key is what torch's planner asks ``storage_data`` for: ``MetadataIndex(fqn,
+        chunk.offsets)`` for a tensor chunk (``()`` for a 0-d tensor), ``MetadataIndex(fqn)`` -- offset
+        None -- for a byte item. A record under the other key is one torch never reads."""
         ids = self._ids
         k = len(self.names)
         self.names.append(name)
@@ -135,9 +139,9 @@ class DCPIndex:
                     raise TypeError("chunks is not a list")
             ndim = len(shape or ())
             for c in listed:
-                o = () if c is None else c.offsets
+                o: Any = None
                 if c is not None:
-                    sizes = c.sizes
+                    o, sizes = c.offsets, c.sizes
                     if len(o) != ndim or len(sizes) != ndim:
                         raise TypeError("a chunk's dimensions differ from its tensor's")
                     boxes.extend(o)  # TypeError unless integers
