@@ -28,6 +28,7 @@ __all__ = [
     "open_member",
     "open_regular",
     "read_regular",
+    "read_with_stat",
     "sync_file",
 ]
 
@@ -57,6 +58,14 @@ def open_regular(path: Path | RemotePath, label: str | None = None) -> IO[bytes]
 
 def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) -> bytes:
     """The whole of a regular file of at most ``limit`` bytes."""
+    return read_with_stat(path, limit, label)[0]
+
+
+def read_with_stat(
+    path: Path | RemotePath, limit: int, label: str | None = None
+) -> tuple[bytes, os.stat_result | None]:
+    """:func:`read_regular`, with the status of the very descriptor the bytes were read from (None for a
+    remote object): what a cache keys them by, with no window for another file to take the path."""
     label = label or str(path)
     with open_regular(path, label) as f:
         size = file_size(f)
@@ -67,8 +76,9 @@ def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) 
         if isinstance(f, RemoteFile):  # one request for the whole, not block by block
             out = bytearray(size)
             n = f.pread(0, memoryview(out))
-            return bytes(out[:n])
-        return f.read(limit + 1)[:limit]
+            return bytes(out[:n]), None
+        st = os.fstat(f.fileno())
+        return f.read(limit + 1)[:limit], st
 
 
 def file_size(f: IO[bytes]) -> int:

@@ -1,20 +1,23 @@
 """A persistent cache of derived indexes (what parsing a large file found), so that opening the
 same unchanged file again costs a read of the cache instead of a parse.
 
-An entry is keyed by the source file's identity: its resolved path, size, modification and change
-times, inode and device. The change time cannot be set by a user (``touch -r`` sets the
-modification time, and bumps the change time), so a file rewritten in place under the same size
-and modification time still misses. The cache never holds pickle: a payload is whatever bytes
-the caller serialised (JSON and typed arrays for the DCP index), framed here by a header that
-repeats the key, the payload's length and its CRC-32. Anything that does not match -- another
-key, another format version, a short or damaged file -- is ignored, and the caller rebuilds and
-stores it again.
+An entry is keyed by the source file's identity and content: its resolved path, size, modification
+and change times, inode and device -- taken from the descriptor its bytes were read through -- and
+the SHA-256 of those bytes. Whoever builds the index builds it from exactly the bytes hashed (the
+parse in a child process is handed them, it does not open the path again), so a folder swapped
+while a parse runs cannot leave another file's index under this key; and an index is stored only
+while the path still names the file as it was read (a file changed meanwhile: nothing stored). The
+cache never holds pickle: a payload is whatever bytes the caller serialised (JSON and typed arrays
+for the DCP index), framed here by a header that repeats the key, the payload's length and its
+CRC-32. Anything that does not match -- another key, another format version, a short or damaged
+file -- is ignored, and the caller rebuilds and stores it again.
 
-Files live in ``$XDG_CACHE_HOME/dcpstudio/index`` (``~/.cache/dcpstudio/index``), are written to a
-temporary sibling and renamed into place (readers never see a partial file), and are safe to
-delete at any time. Their total size is bounded: storing evicts the least recently used. A
-cache folder that cannot be written (read-only home, full disk) is skipped silently: the cache
-only ever makes things faster.
+Files live in ``$XDG_CACHE_HOME/dcpstudio/index`` (``~/.cache/dcpstudio/index``), a folder of mode
+0700 holding files of mode 0600; a folder or file owned by another user, or open to others, is not
+read (another user could have planted an index there). Files are written to a temporary sibling and
+renamed into place (readers never see a partial file), and are safe to delete at any time. Their
+total size is bounded: storing evicts the least recently used. A cache folder that cannot be written
+(read-only home, full disk) is skipped silently: the cache only ever makes things faster.
 """
 
 from __future__ import annotations
@@ -44,20 +47,34 @@ def cache_dir() -> Path:
     return Path(base) / "dcpstudio" / "index"
 
 
-def source_key(source: Path, kind: str) -> dict[str, Any] | None:
-    """The identity of ``source`` as the cache keys it (None when it cannot be stat'ed). A remote
-    object is known by its URL, size, modification time and ETag (None without an ETag)."""
+def source_key(source: Any, kind: str, content: bytes, st: os.stat_result | None = None) -> dict[str, Any] | None:
+    """The key of ``content``, the bytes read from ``source`` through a descriptor whose status is ``st``
+    (None: stat'ed now). A remote object is known by its URL, size, modification time and ETag (None
+    without an ETag); None when ``source`` cannot be stat'ed."""
+    found = _identity(source, kind, st)
+    if found is not None:
+        found["sha256"] = hashlib.sha256(content).hexdigest()
+    return found
+
+
+def _identity(source: Any, kind: str, st: os.stat_result | None = None) -> dict[str, Any] | None:
     if not isinstance(source, Path):
         try:
-            st = source.stat()
+            remote = source.stat()
         except Exception:
             return None
-        if not getattr(st, "etag", ""):
+        if not getattr(remote, "etag", ""):
             return None
-        return {"kind": kind, "path": str(source), "size": st.st_size, "mtime": st.st_mtime, "etag": st.etag}
+        return {
+            "kind": kind,
+            "path": str(source),
+            "size": remote.st_size,
+            "mtime": remote.st_mtime,
+            "etag": remote.etag,
+        }
     try:
         path = source.resolve()
-        st = os.stat(path)
+        st = st or os.stat(path)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
@@ -79,15 +96,41 @@ def _file_for(key: dict[str, Any]) -> Path:
     return cache_dir() / f"{name}{_SUFFIX}"
 
 
-def load(source: Path, kind: str) -> tuple[dict[str, Any], memoryview] | None:
-    """The cached header and payload for ``source`` when one exists for exactly this file (same
-    key), intact; None otherwise (never raises)."""
-    key = source_key(source, kind)
-    if key is None:
+def _ours(st: os.stat_result) -> bool:
+    """Owned by this user and closed to others (where the system has users)."""
+    getuid = getattr(os, "getuid", None)
+    return getuid is None or (st.st_uid == getuid() and not st.st_mode & 0o077)
+
+
+def _folder(create: bool) -> Path | None:
+    """The cache folder if it is this user's alone (made so when ``create``); None otherwise."""
+    folder = cache_dir()
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        if create and st.st_mode & 0o077 and st.st_uid == getattr(os, "getuid", lambda: st.st_uid)():
+            os.chmod(folder, 0o700)  # ours, made by an older version: closed now
+            st = os.lstat(folder)
+    except OSError:
+        return None
+    return folder if _ours(st) else None
+
+
+def load(key: dict[str, Any] | None) -> tuple[dict[str, Any], memoryview] | None:
+    """The cached header and payload under ``key`` (:func:`source_key`) when one exists for exactly
+    that file and content, intact and this user's own; None otherwise (never raises)."""
+    if key is None or _folder(create=False) is None:
         return None
     path = _file_for(key)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or not _ours(st):
+                return None
             data = f.read()
         magic, size = _HEAD.unpack_from(data)
         if magic != _MAGIC:
@@ -109,18 +152,19 @@ def load(source: Path, kind: str) -> tuple[dict[str, Any], memoryview] | None:
 
 
 def store(
-    source: Path,
-    kind: str,
-    payload: bytes | bytearray,
-    meta: dict[str, Any] | None = None,
-    *,
-    expect: dict[str, Any] | None = None,
+    source: Any, key: dict[str, Any] | None, payload: bytes | bytearray, meta: dict[str, Any] | None = None
 ) -> bool:
-    """Write ``payload`` (with the caller's ``meta`` in its header) as the cache entry for
-    ``source`` as it is now -- and only if that is still ``expect`` (its key when the caller read
-    it) when given; False when not stored (nothing raised: the cache folder may be unwritable)."""
-    key = source_key(source, kind)
-    if key is None or (expect is not None and key != expect):
+    """Write ``payload`` (with the caller's ``meta`` in its header) as the cache entry under ``key``,
+    the key of the bytes it was built from -- only if ``source`` is still the file they were read
+    from, unchanged (size, times, inode); False when not stored (nothing raised: the cache folder may
+    be unwritable)."""
+    if key is None:
+        return False
+    now = _identity(source, key["kind"])
+    if now is None or now != {k: v for k, v in key.items() if k != "sha256"}:
+        return False
+    folder = _folder(create=True)
+    if folder is None:
         return False
     path = _file_for(key)
     header = json.dumps(
@@ -128,9 +172,9 @@ def store(
     ).encode()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _evict(path.parent, MAX_BYTES - len(payload) - len(header))
-        with open(tmp, "xb") as f:
+        _evict(folder, MAX_BYTES - len(payload) - len(header))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with open(fd, "wb") as f:
             f.write(_HEAD.pack(_MAGIC, len(header)))
             f.write(header)
             f.write(payload)

@@ -16,13 +16,13 @@ if TYPE_CHECKING:
     import torch
 
 from .._buffers import new_tensor
-from .._files import member_path, read_regular
+from .._files import member_path
 from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
 from ..errors import CorruptCheckpointError, UnsafePickleError
-from ..formats.dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk, volume
+from ..formats.dcp import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
 from ..formats.torchsave import TorchSaveFile
@@ -33,8 +33,6 @@ from .dcp_metadata import (
     ambiguous,
     build_in_child,
     byte_size,
-    cache_key,
-    cache_wanted,
     cached_index,
     cancel_child,
     check_head,
@@ -49,6 +47,7 @@ from .dcp_metadata import (
     index_of,
     open_fast,
     parse_in_child,
+    read_keyed,
     same_entries,
     same_metadata,
     stop_child,
@@ -72,6 +71,7 @@ class DCPCheckpoint(Checkpoint):
 
     def __init__(self, path: Path, *, trust_pickle: bool = False, full_index: bool = False) -> None:
         md_path = member_path(path, METADATA_FILE, "DCP metadata file")
+        label = str(path / METADATA_FILE)
         self._trust = trust_pickle
         self._index: DCPIndex | None = None
         self._md: Any = None
@@ -80,20 +80,22 @@ class DCPCheckpoint(Checkpoint):
         self._head: Head | None = None  # a large .metadata's head, read by .dcp_fast
         self._building = threading.Lock()  # one thread builds the index; others asking wait for it
         self._refused: Exception | None = None
-        self._key = cache_key(md_path)  # before reading: an index is cached only for what was read
-        cached = cached_index(md_path) if md_path.is_file() and cache_wanted(md_path) else None
+        # read once: the cache key, the parse here and the child's parse all come from these bytes
+        data, self._key = read_keyed(md_path, label)
+        self._md_path = md_path
+        cached = cached_index(self._key)
         self._child = None  # a child process parsing the storage index meanwhile (two cores)
         self._taken: Any = None  # that child, while a thread waits for its result
         self._child_lock = threading.Lock()
-        if cached is None and not trust_pickle and parse_in_child(md_path):
-            cached, self._child = index_in_child(path, self._key, wait=full_index)
+        if cached is None and not trust_pickle and parse_in_child(len(data)):
+            cached, self._child = index_in_child(md_path, data, self._key, wait=full_index)
         self._stop = weakref.finalize(self, stop_child, self._child)  # one whose index is never asked for
         if cached is not None:
             self._index, entries = cached
             super().__init__(path, entries, {"version": self._index.version})
         else:
             try:
-                entries = self._open_pickle(path, md_path)
+                entries = self._open_pickle(data, label)
             except BaseException:
                 self._stop()
                 raise
@@ -104,9 +106,7 @@ class DCPCheckpoint(Checkpoint):
         self._raw: dict[tuple[str, tuple[int, ...]], int | None] = {}  # parsed once per chunk
         self._files = _OpenFiles(path, "DCP data file")
 
-    def _open_pickle(self, path: Path, md_path: Path) -> dict[str, Entry]:
-        label = str(path / METADATA_FILE)
-        data = read_regular(md_path, METADATA_LIMIT, label)
+    def _open_pickle(self, data: bytes, label: str) -> dict[str, Entry]:
         fast = open_fast(data, label, self._trust)
         if fast is not None:
             entries, self._head, self._index = fast
@@ -162,14 +162,12 @@ class DCPCheckpoint(Checkpoint):
                 built = finish_child(child, str(md_path))
             finally:
                 self._taken = None
-        elif not self._trust and parse_in_child(md_path):
-            built = build_in_child(self.path, str(md_path))
+        elif not self._trust and parse_in_child(len(self._data)):
+            built = build_in_child(self._data, str(md_path))
         if built is not None:
             index, entries = built
-            if not same_entries(entries, self.entries):  # unchanged since opened: head and whole disagree
-                if self._key is not None and cache_key(md_path) == self._key:
-                    raise ambiguous(str(md_path))
-                raise CorruptCheckpointError(f"{md_path}: changed while it was being read; open it again")
+            if not same_entries(entries, self.entries):  # the same bytes: head and whole disagree
+                raise ambiguous(str(md_path))
             if self._head is not None:
                 check_head(self._head, entries, index, str(md_path))
             return self._indexed(index)
@@ -190,7 +188,7 @@ class DCPCheckpoint(Checkpoint):
             if entry.kind == "bytes":
                 entry.byte_size = byte_size(index, fqn)
         if not self._trust:  # a trusted pickle may hold anything: never cached
-            store_index(self.path / METADATA_FILE, index, self._key)
+            store_index(self._md_path, index, self._key)
         self._index = index  # published before what it replaces is let go (another thread may ask)
         self._data, self._head = b"", None
         md, self._md = self._md, None

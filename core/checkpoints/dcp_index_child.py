@@ -5,12 +5,14 @@ Unpickling a ``.metadata`` that lists 100,000 tensors makes millions of Python o
 its peak, and seconds in C code that holds the GIL (the C unpickler; freeing the objects) -- a
 window's GUI thread stutters meanwhile however the work is sliced. In a child process none of that
 touches the caller: the child runs the same restricted parse and checks
-(:class:`~.dcp.DCPCheckpoint`), and writes the index in its pickle-free serialised form to its
-stdout; the parent reads it back as it reads the index cache, and checks that it lists the
-entries it opened. A refusal in the child (an unsafe pickle, damaged metadata) is raised again in
-the parent with the same class and message; a child that dies or hangs is reported as such.
+(:func:`.dcp_metadata.index_from_bytes`) on the very bytes the parent read, handed over as its
+stdin (it never opens the checkpoint: the folder may have changed since), and writes the index in
+its pickle-free serialised form to its stdout; the parent reads it back as it reads the index
+cache, and checks that it lists the entries it opened. A refusal in the child (an unsafe pickle,
+damaged metadata) is raised again in the parent with the same class and message; a child that
+dies or hangs is reported as such.
 
-    python -m dcpstudio.core.checkpoints.dcp_index_child CHECKPOINT_DIR   # index bytes on stdout
+    python -m dcpstudio.core.checkpoints.dcp_index_child LABEL < .metadata   # index bytes on stdout
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 from .. import errors
+from ..formats.dcp import METADATA_FILE, METADATA_LIMIT
 from . import dcp_metadata
-from .dcp import DCPCheckpoint
 
 
 def main(argv: list[str]) -> int:
     dcp_metadata.IN_CHILD = True  # parse here, store nothing: the parent checks and caches
+    label = argv[0] if argv else METADATA_FILE  # how the parent names the file, in messages
+    data = sys.stdin.buffer.read(METADATA_LIMIT + 1)
     try:
-        ckpt = DCPCheckpoint(Path(argv[0]))
-        index = ckpt._storage()
+        if len(data) > METADATA_LIMIT:
+            raise errors.UnsupportedFormatError(f"{label}: larger than DCP Studio reads")
+        index = dcp_metadata.index_from_bytes(data, label)
     except (errors.CorruptCheckpointError, errors.UnsafePickleError, errors.UnsupportedFormatError) as e:
         found = {"error": type(e).__name__, "message": str(e)}
         if isinstance(e, errors.UnsafePickleError):

@@ -10,16 +10,17 @@ import json
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 from .. import _index_cache, errors
+from .._files import read_with_stat
 from .._pickle import gc_paused, load_light_metadata
 from .._refs import TensorRef
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError
-from ..formats.dcp import METADATA_FILE
+from ..formats.dcp import METADATA_FILE, METADATA_LIMIT
 from ..formats.dcp_index import DCPIndex, small_ints
 from ..model import Chunk, Entry
 from .dcp_fast import Head, fast_head, fast_index, same_head
@@ -31,8 +32,6 @@ __all__ = [
     "ambiguous",
     "build_in_child",
     "byte_size",
-    "cache_key",
-    "cache_wanted",
     "cached_index",
     "cancel_child",
     "check_head",
@@ -44,10 +43,12 @@ __all__ = [
     "finish_child",
     "full_after_head",
     "head_first",
+    "index_from_bytes",
     "index_in_child",
     "index_of",
     "open_fast",
     "parse_in_child",
+    "read_keyed",
     "same_entries",
     "same_metadata",
     "start_child",
@@ -68,11 +69,12 @@ _KNOWN = {
 }
 
 
-def cache_wanted(md_path: Path) -> bool:
-    try:
-        return md_path.stat().st_size > CACHE_ABOVE
-    except OSError:
-        return False
+def read_keyed(md_path: Any, label: str) -> tuple[bytes, dict[str, Any] | None]:
+    """A ``.metadata``'s bytes and, when it is large enough to cache, the key of exactly those bytes
+    (the status of the descriptor they were read through, and their digest)."""
+    data, st = read_with_stat(md_path, METADATA_LIMIT, label)
+    key = _index_cache.source_key(md_path, _CACHE_KIND, data, st) if len(data) > CACHE_ABOVE else None
+    return data, key
 
 
 def same_metadata(head: Any, full: Any) -> bool:
@@ -121,8 +123,9 @@ def entries_from_index(index: DCPIndex) -> dict[str, Entry]:
     return entries
 
 
-def cached_index(md_path: Path) -> tuple[DCPIndex, dict[str, Entry]] | None:
-    found = _index_cache.load(md_path, _CACHE_KIND)
+def cached_index(key: dict[str, Any] | None) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    """The index cached under ``key`` (:func:`read_keyed`), with its entries; None when there is none."""
+    found = _index_cache.load(key)
     if found is None:
         return None
     try:
@@ -184,36 +187,38 @@ def stop_index_children() -> None:
             _cancel(child)
 
 
-def parse_in_child(md_path: Path) -> bool:
-    try:
-        return not IN_CHILD and isinstance(md_path, Path) and md_path.stat().st_size > CHILD_ABOVE
-    except OSError:
-        return False
+def parse_in_child(size: int) -> bool:
+    """Whether a ``.metadata`` of ``size`` bytes is parsed in a child process."""
+    return not IN_CHILD and size > CHILD_ABOVE
 
 
-def build_in_child(path: Path, label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
-    """The index (and entries) of the DCP checkpoint at ``path``, parsed by a child process
+def build_in_child(data: bytes, label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
+    """The index (and entries) of the ``.metadata`` bytes ``data``, parsed by a child process
     (:mod:`.dcp_index_child`): unpickling a large ``.metadata`` makes millions of Python objects
     (~1.4 GB at the peak for 100,000 tensors) and spends seconds in C code that holds the GIL, so a
     window's GUI thread would stutter however the work is sliced; in a child none of it touches the
-    caller. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
+    caller. The child is handed the very bytes this process read (and keyed the cache by), never the
+    path. A refusal there (unsafe pickle, damaged metadata) is raised here with the same class and
     message; a child that dies or hangs is reported as damage. None when no child can be started
     here (no interpreter to run it, as in a frozen app): the caller parses in-process."""
-    child = start_child(path)
+    child = start_child(data, label)
     return None if child is None else finish_child(child, label)
 
 
-def start_child(path: Path) -> subprocess.Popen[bytes] | None:
-    """A child process parsing the index of the DCP checkpoint at ``path`` (:func:`build_in_child`),
+def start_child(data: bytes, label: str) -> subprocess.Popen[bytes] | None:
+    """A child process parsing the index of the ``.metadata`` bytes ``data`` (:func:`build_in_child`),
     running while the caller goes on; None when none can be started here. Its result is taken by
     :func:`finish_child`; one never taken is stopped by :func:`stop_child`."""
     # -P: the child's sys.path does not start with the working directory, where a stray json.py or
     # zlib.py (a downloaded model folder) would be imported in place of the real one; before 3.11,
     # -I (isolated: no user site either -- if that hides us, the parse falls back to this process)
     safe_path = "-P" if sys.version_info >= (3, 11) else "-I"
-    cmd = [sys.executable, safe_path, "-m", f"{__package__}.dcp_index_child", str(path)]
+    cmd = [sys.executable, safe_path, "-m", f"{__package__}.dcp_index_child", label]
     try:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        with tempfile.TemporaryFile() as given:  # the bytes as the child's stdin: a file, no pipe to feed
+            given.write(data)
+            given.seek(0)
+            child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=given)
     except OSError:
         return None
     with _CHILDREN_LOCK:
@@ -222,15 +227,16 @@ def start_child(path: Path) -> subprocess.Popen[bytes] | None:
 
 
 def index_in_child(
-    path: Path, key: dict[str, Any] | None, *, wait: bool
+    md_path: Any, data: bytes, key: dict[str, Any] | None, *, wait: bool
 ) -> tuple[tuple[DCPIndex, dict[str, Entry]] | None, subprocess.Popen[bytes] | None]:
-    """``(index and entries, None)`` parsed by a child (``wait``; cached under ``key``), or ``(None, child)``
-    still parsing (:func:`start_child`); ``(None, None)`` when no child can run here."""
+    """``(index and entries, None)`` of the bytes ``data`` read from ``md_path``, parsed by a child
+    (``wait``; cached under ``key``), or ``(None, child)`` still parsing (:func:`start_child`);
+    ``(None, None)`` when no child can run here."""
     if not wait:
-        return None, start_child(path)
-    built = build_in_child(path, str(path / METADATA_FILE))
+        return None, start_child(data, str(md_path))
+    built = build_in_child(data, str(md_path))
     if built is not None:
-        store_index(path / METADATA_FILE, built[0], key)
+        store_index(md_path, built[0], key)
     return built, None
 
 
@@ -306,15 +312,25 @@ def same_entries(found: dict[str, Entry], entries: dict[str, Entry]) -> bool:
     )
 
 
-def cache_key(md_path: Path) -> dict[str, Any] | None:
-    return _index_cache.source_key(md_path, _CACHE_KIND)
+def store_index(md_path: Any, index: DCPIndex, key: dict[str, Any] | None) -> None:
+    """Keep ``index``, built from the bytes ``key`` names, for the ``.metadata`` at ``md_path`` -- only
+    while that is still the file they were read from; silently nothing when the cache cannot be written."""
+    if key is not None and not IN_CHILD:
+        _index_cache.store(md_path, key, index.to_bytes())
 
 
-def store_index(md_path: Path, index: DCPIndex, key: dict[str, Any] | None) -> None:
-    """Keep ``index`` for the ``.metadata`` at ``md_path`` -- only if it is still the file ``key``
-    (taken before it was read) names, and large; silently nothing when the cache cannot be written."""
-    if key is not None and cache_wanted(md_path) and not IN_CHILD:
-        _index_cache.store(md_path, _CACHE_KIND, index.to_bytes(), expect=key)
+def index_from_bytes(data: bytes, label: str) -> DCPIndex:
+    """The whole storage index of the ``.metadata`` bytes ``data``: the bulk parse when it takes the
+    stream, the generic one otherwise (as :class:`~.dcp.DCPCheckpoint` parses it in-process)."""
+    with gc_paused():
+        try:
+            found = fast_index(data, label)
+            if found is not None:
+                return found[0]
+            md = load_light_metadata(data, label)
+            return index_of(md, entries_from_metadata(md, label), label)
+        except (AttributeError, TypeError, IndexError) as e:
+            raise CorruptCheckpointError(f"{label}: damaged metadata ({type(e).__name__}: {e})") from e
 
 
 def open_fast(data: bytes, label: str, trust: bool) -> tuple[dict[str, Entry], Head | None, DCPIndex | None] | None:

@@ -220,7 +220,9 @@ def test_the_index_is_parsed_by_a_child_while_the_head_is_read(tmp_path: Path, m
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-damaged"))
     children: list[Any] = []
     real_start = dcp_metadata.start_child
-    monkeypatch.setattr(dcp_metadata, "start_child", lambda path: children.append(real_start(path)) or children[-1])
+    monkeypatch.setattr(
+        dcp_metadata, "start_child", lambda data, label: children.append(real_start(data, label)) or children[-1]
+    )
     data = (folder / ".metadata").read_bytes()
     (folder / ".metadata").write_bytes(data[: len(data) // 2])  # its head parse fails
     with pytest.raises(CorruptCheckpointError):

@@ -23,6 +23,11 @@ from tests._chunked import ChunkedPlanner, split
 from tests.conftest import assert_same, dcp_save, on_thread
 
 
+def key(path: Path, kind: str = "dcp-metadata") -> dict[str, Any] | None:
+    """The cache key of the file at ``path`` as it is now (its bytes and status)."""
+    return _index_cache.source_key(path, kind, path.read_bytes())
+
+
 @pytest.fixture(autouse=True)
 def cache_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small test checkpoints are cached as large ones are."""
@@ -124,7 +129,7 @@ def test_cache_holds_no_pickle_and_says_what_it_is_for(chunked: Path) -> None:
     (path,) = _cache_files()
     data = path.read_bytes()
     assert b"\x80\x04" not in data and b"\x80\x05" not in data and b"torch.distributed" not in data
-    header, payload = _index_cache.load(chunked / ".metadata", "dcp-metadata") or (None, None)
+    header, payload = _index_cache.load(key(chunked / ".metadata")) or (None, None)
     assert header is not None and header["key"]["path"] == str((chunked / ".metadata").resolve())
     assert DCPIndex.from_bytes(payload).names == list(_state())  # type: ignore[arg-type]
 
@@ -179,11 +184,11 @@ def test_an_inconsistent_index_is_ignored(chunked: Path, parses: list[str]) -> N
     """A cache whose framing and CRC are intact but whose arrays disagree (another writer's bug)."""
     _summary(chunked)
     md = chunked / ".metadata"
-    _, payload = _index_cache.load(md, "dcp-metadata") or (None, None)
+    _, payload = _index_cache.load(key(md)) or (None, None)
     assert payload is not None
     index = DCPIndex.from_bytes(payload)
     index.chunk_start[-1] += 1
-    _index_cache.store(md, "dcp-metadata", index.to_bytes())
+    _index_cache.store(md, key(md), index.to_bytes())
     assert _summary(chunked)["counts"]["model.w"] == 6
     assert len(parses) == 2
 
@@ -197,7 +202,7 @@ def test_a_crafted_payload_in_an_intact_frame_is_ignored(chunked: Path, parses: 
     """Right key, length and CRC, but a payload no index reads (struct.error, RecursionError inside):
     ignored and rebuilt, never a crash."""
     first = _summary(chunked)
-    assert _index_cache.store(chunked / ".metadata", "dcp-metadata", payload)
+    assert _index_cache.store(chunked / ".metadata", key(chunked / ".metadata"), payload)
     assert _summary(chunked)["chunks"] == first["chunks"]
     assert len(parses) == 2
 
@@ -233,21 +238,21 @@ def test_the_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         src = tmp_path / f"src{i}"
         src.write_bytes(b"x")
         sources.append(src)
-        assert _index_cache.store(src, "test", bytes(1000))
+        assert _index_cache.store(src, key(src, "test"), bytes(1000))
     size = max(p.stat().st_size for p in _index_cache.cache_dir().iterdir())
     monkeypatch.setattr(_index_cache, "MAX_BYTES", 3 * size + 100)  # room for three
     for i, src in enumerate(sources):
-        st = os.stat(_index_cache._file_for(_index_cache.source_key(src, "test") or {}))
-        os.utime(_index_cache._file_for(_index_cache.source_key(src, "test") or {}), ns=(st.st_atime_ns, i * 10**9))
-    assert _index_cache.load(sources[0], "test") is not None  # used just now: kept
+        st = os.stat(_index_cache._file_for(key(src, "test") or {}))
+        os.utime(_index_cache._file_for(key(src, "test") or {}), ns=(st.st_atime_ns, i * 10**9))
+    assert _index_cache.load(key(sources[0], "test")) is not None  # used just now: kept
     new = tmp_path / "new"
     new.write_bytes(b"y")
-    assert _index_cache.store(new, "test", bytes(1000))
+    assert _index_cache.store(new, key(new, "test"), bytes(1000))
     total = sum(p.stat().st_size for p in _index_cache.cache_dir().iterdir())
     assert total <= 3 * size + 100
-    kept = [_index_cache.load(s, "test") is not None for s in sources]
+    kept = [_index_cache.load(key(s, "test")) is not None for s in sources]
     assert kept[0] and not kept[1] and kept[-1]
-    assert _index_cache.load(new, "test") is not None
+    assert _index_cache.load(key(new, "test")) is not None
 
 
 def test_deleting_the_cache_is_safe(chunked: Path, parses: list[str]) -> None:
