@@ -13,7 +13,7 @@ import os
 
 from ._remote import as_location
 from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
-from .checkpoints.dcp_metadata import stop_index_children
+from .checkpoints.dcp_children import stop_index_children
 from .errors import UnsupportedFormatError
 from .formats.detect import detect_format
 

@@ -28,29 +28,24 @@ from ..formats.detect import Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
+from .dcp_children import build_in_child, cancel_child, finish_child, index_in_child, parse_in_child, stop_child
 from .dcp_fast import Head
 from .dcp_metadata import (
     ambiguous,
-    build_in_child,
     byte_size,
     cached_index,
-    cancel_child,
     check_head,
     check_stored,
     damaged_metadata,
     dispose,
     entries_from_metadata,
-    finish_child,
     full_after_head,
     head_first,
-    index_in_child,
     index_of,
     open_fast,
-    parse_in_child,
     read_keyed,
     same_entries,
     same_metadata,
-    stop_child,
     store_index,
 )
 from .dcp_planned import read_planned

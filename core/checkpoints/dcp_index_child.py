@@ -1,5 +1,5 @@
 """The child process that parses a large DCP ``.metadata`` and hands back only its index (the
-parent side is :func:`.dcp_metadata.build_in_child`).
+parent side is :func:`.dcp_children.build_in_child`).
 
 Unpickling a ``.metadata`` that lists 100,000 tensors makes millions of Python objects: ~1.4 GB at
 its peak, and seconds in C code that holds the GIL (the C unpickler; freeing the objects) -- a

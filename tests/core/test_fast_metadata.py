@@ -16,7 +16,7 @@ from torch.distributed.checkpoint import save as dcp_save
 
 from dcpstudio.core import open_checkpoint
 from dcpstudio.core._pickle import gc_paused, load_light_metadata
-from dcpstudio.core.checkpoints import dcp_metadata
+from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
 from dcpstudio.core.checkpoints.dcp_fast import fast_head, fast_index, same_head
 from dcpstudio.core.checkpoints.dcp_metadata import entries_from_metadata
 from dcpstudio.core.errors import CorruptCheckpointError, DCPStudioError
@@ -200,7 +200,7 @@ def test_the_index_is_parsed_by_a_child_while_the_head_is_read(tmp_path: Path, m
 
     def started(ckpt: Any) -> Any:
         child = ckpt._child
-        assert child is not None and child in dcp_metadata._CHILDREN
+        assert child is not None and child in dcp_children._CHILDREN
         return child
 
     ckpt = open_checkpoint(folder)
@@ -216,18 +216,18 @@ def test_the_index_is_parsed_by_a_child_while_the_head_is_read(tmp_path: Path, m
         else:
             del ckpt
             gc.collect()
-        assert child.poll() is not None and child not in dcp_metadata._CHILDREN
+        assert child.poll() is not None and child not in dcp_children._CHILDREN
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-damaged"))
     children: list[Any] = []
-    real_start = dcp_metadata.start_child
+    real_start = dcp_children.start_child
     monkeypatch.setattr(
-        dcp_metadata, "start_child", lambda data, label: children.append(real_start(data, label)) or children[-1]
+        dcp_children, "start_child", lambda data, label: children.append(real_start(data, label)) or children[-1]
     )
     data = (folder / ".metadata").read_bytes()
     (folder / ".metadata").write_bytes(data[: len(data) // 2])  # its head parse fails
     with pytest.raises(CorruptCheckpointError):
         open_checkpoint(folder)
-    assert len(children) == 1 and children[0].poll() is not None and not dcp_metadata._CHILDREN
+    assert len(children) == 1 and children[0].poll() is not None and not dcp_children._CHILDREN
 
 
 def test_a_frame_claiming_more_than_the_stream_holds_is_not_read_short() -> None:
@@ -309,7 +309,7 @@ def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypa
     waiter.join(30)
     assert time.monotonic() - started < 5 and child.poll() is not None
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
-    assert not dcp_metadata._CHILDREN and not dcp_metadata._STOPPED
+    assert not dcp_children._CHILDREN and not dcp_children._STOPPED
 
 
 def test_a_metadata_over_the_size_read_is_refused_as_too_large_not_damaged(tmp_path: Path) -> None:

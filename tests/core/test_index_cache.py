@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemT
 
 from dcpstudio.core import CorruptCheckpointError, UnsafePickleError, _index_cache, open_checkpoint, read_metadata
 from dcpstudio.core.checkpoints import dcp as dcp_module
-from dcpstudio.core.checkpoints import dcp_metadata
+from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
 from dcpstudio.core.formats.dcp_index import DCPIndex
 from tests._chunked import ChunkedPlanner, split
 from tests.conftest import assert_same, dcp_save, on_thread
@@ -373,7 +373,7 @@ def test_damage_found_in_a_child_is_reported(chunked: Path, in_child: None) -> N
 
 
 def test_a_child_that_dies_is_reported(chunked: Path, in_child: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dcp_metadata.sys, "executable", "/bin/false")
+    monkeypatch.setattr(dcp_children.sys, "executable", "/bin/false")
     with pytest.raises(CorruptCheckpointError, match="parsing its metadata failed"):
         open_checkpoint(chunked, full_index=True)
 
@@ -381,7 +381,7 @@ def test_a_child_that_dies_is_reported(chunked: Path, in_child: None, monkeypatc
 def test_without_a_child_it_parses_here(chunked: Path, in_child: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """No interpreter to start a child with (a frozen app): the parse happens in-process."""
     expected = _open_summary(chunked)
-    monkeypatch.setattr(dcp_metadata.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(dcp_children.sys, "executable", "/nonexistent/python")
     assert _open_summary(chunked, full_index=True) == expected
 
 
@@ -397,14 +397,14 @@ def test_a_window_closing_stops_the_child_parse(tmp_path: Path, in_child: None) 
     big_metadata.write_metadata(tmp_path / "big" / ".metadata", 20_000, 4)  # ~14 MiB: seconds to parse
     worker, outcome = on_thread(lambda: open_checkpoint(tmp_path / "big", full_index=True))
     deadline = time.monotonic() + 30
-    while not dcp_metadata._CHILDREN and time.monotonic() < deadline:
+    while not dcp_children._CHILDREN and time.monotonic() < deadline:
         time.sleep(0.01)
-    children = list(dcp_metadata._CHILDREN)
+    children = list(dcp_children._CHILDREN)
     assert children, "no child process was started"
     started = time.monotonic()
     stop_index_children()
     worker.join(30)
     assert time.monotonic() - started < 5
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
-    assert all(child.poll() is not None for child in children) and not dcp_metadata._CHILDREN
-    assert not dcp_metadata._STOPPED
+    assert all(child.poll() is not None for child in children) and not dcp_children._CHILDREN
+    assert not dcp_children._STOPPED

@@ -15,7 +15,7 @@ import pytest
 
 from dcpstudio.core import _index_cache, open_checkpoint
 from dcpstudio.core.checkpoints import dcp as dcp_module
-from dcpstudio.core.checkpoints import dcp_metadata
+from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
 from tests.core.test_index_cache import (  # noqa: F401  # fixtures (chunked, parses, ...)
     _cache_files,
     _edit_metadata,
@@ -51,7 +51,7 @@ def test_a_folder_swapped_while_the_child_parses_cannot_poison_the_cache(
     for path in _cache_files():
         path.unlink()
     parked = tmp_path / "parked"
-    real_start, real_finish = dcp_metadata.start_child, dcp_metadata.finish_child
+    real_start, real_finish = dcp_children.start_child, dcp_children.finish_child
 
     def start(data: bytes, label: str) -> Any:
         chunked.rename(parked)
@@ -65,12 +65,12 @@ def test_a_folder_swapped_while_the_child_parses_cannot_poison_the_cache(
             chunked.rename(other)
             parked.rename(chunked)  # back: the same inode, size and times as when it was read
 
-    monkeypatch.setattr(dcp_metadata, "start_child", start)
-    monkeypatch.setattr(dcp_metadata, "finish_child", finish)
+    monkeypatch.setattr(dcp_children, "start_child", start)
+    monkeypatch.setattr(dcp_children, "finish_child", finish)
     with open_checkpoint(chunked, full_index=True) as ckpt:
         assert {k: ckpt.chunks(k) for k in ckpt.entries} == truth
-    monkeypatch.setattr(dcp_metadata, "start_child", real_start)
-    monkeypatch.setattr(dcp_metadata, "finish_child", real_finish)
+    monkeypatch.setattr(dcp_children, "start_child", real_start)
+    monkeypatch.setattr(dcp_children, "finish_child", real_finish)
     assert len(_cache_files()) == 1
     assert _summary(chunked)["chunks"] == truth  # from the cache
 
