@@ -1,7 +1,7 @@
 """Whether chunk boxes tile a tensor exactly, in O(2^k · n log n) for n boxes split along k dimensions.
 
 Comparing chunks pairwise is quadratic: 100,000 chunks sharing their rows took two hours. Here the
-question is turned into one about a function instead: with ``F = Σ 1[box] − 1[tensor]`` (each
+question is turned into one about a function instead: with ``F = Σ 1[box] - 1[tensor]`` (each
 ``1[...]`` the indicator of a box of the integer grid), the boxes tile the tensor exactly iff
 ``F ≡ 0``. A function of finite support vanishes iff its difference along dimension 0 does, and
 that difference is, for each coordinate ``c`` where some box starts or ends, the signed sum of the
@@ -76,7 +76,7 @@ def check_tiling(shape: Sequence[int], boxes: Sequence[Box], label: str) -> None
 
 
 def _as_arrays(flat: list[int], n: int, dims: int) -> tuple[Any, Any] | None:
-    """Offsets and sizes (all offsets, then all sizes, in ``flat``) as ``n × dims`` int64 arrays,
+    """Offsets and sizes (all offsets, then all sizes, in ``flat``) as ``n x dims`` int64 arrays,
     or None when a value does not fit one (then that box lies outside any shape that passed)."""
     if n < 2 or not dims:
         return None
@@ -113,7 +113,7 @@ def _total(shape: Sequence[int], sizes: Sequence[Sequence[int]], arrays: tuple[A
 
 
 def _vanishes(shape: Sequence[int], lo: Any, size: Any, label: str) -> bool:
-    """Whether ``Σ 1[box] − 1[tensor]`` is zero everywhere, for boxes known to lie inside."""
+    """Whether ``Σ 1[box] - 1[tensor]`` is zero everywhere, for boxes known to lie inside."""
     import numpy as np
 
     n = len(lo)

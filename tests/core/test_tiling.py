@@ -115,7 +115,7 @@ def test_same_volume_overlap_and_gap() -> None:
 
 def test_refuses_non_integers_and_huge_values() -> None:
     with pytest.raises(CorruptCheckpointError, match="not integers"):
-        check_tiling((4,), [((0,), (2,)), ((2.0,), (2,))], "t")  # type: ignore[list-item]
+        check_tiling((4,), [((0,), (2,)), ((2.0,), (2,))], "t")
     with pytest.raises(CorruptCheckpointError, match="not integers"):
         check_tiling((2,), [((0,), (True,)), ((1,), (1,))], "t")
     with pytest.raises(CorruptCheckpointError, match="outside"):
