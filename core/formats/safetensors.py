@@ -94,11 +94,13 @@ class _Refused(ValueError):
     """A JSON value the safetensors library's parser (serde_json) does not accept."""
 
 
-def _number(text: str) -> int | float:
-    """What serde_json makes of a JSON number: an integer while one fits, else a float, refused
-    when out of a double's range. Huge integers never reach ``int()`` (its digit limit)."""
-    if len(text) <= 20:
-        return int(text) if not text.startswith("-") else float(text)
+def _integer(text: str) -> int | float:
+    """What serde_json makes of a JSON integer: an integer while one fits, else a float (never
+    ``int()`` on thousands of digits, whose limit raises a bare ValueError)."""
+    return int(text) if len(text) <= 20 and not text.startswith("-") else _float(text)
+
+
+def _float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
         raise _Refused("number out of range")
@@ -122,8 +124,8 @@ def _decode(raw: bytes | bytearray, label: str) -> dict[str, Any]:
     try:
         header = json.loads(
             raw.decode("utf-8"),
-            parse_int=_number,
-            parse_float=_number,
+            parse_int=_integer,
+            parse_float=_float,
             parse_constant=_constant,
             object_pairs_hook=_unique,
         )
