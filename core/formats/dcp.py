@@ -31,6 +31,7 @@ from .._tensor_io import Payload
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import FileView, read_zip_records
+from .tiling import check_tiling
 from .torchsave import write_archive, write_tensor_archive
 
 __all__ = [
@@ -86,34 +87,6 @@ def volume(sizes: Sequence[int]) -> int:
     for s in sizes:
         n *= s
     return n
-
-
-def check_tiling(shape: tuple[int, ...], boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], label: str) -> None:
-    """The chunk boxes ``(offsets, sizes)`` cover the tensor exactly: each inside the shape, no two
-    overlapping, and their volumes adding up to its element count (so no gaps either)."""
-    total = 0
-    for offsets, sizes in boxes:
-        if len(offsets) != len(shape) or len(sizes) != len(shape):
-            raise CorruptCheckpointError(f"{label}: a chunk has {len(offsets)} dimensions, the tensor {len(shape)}")
-        if any(o < 0 or s < 0 or o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
-            raise CorruptCheckpointError(
-                f"{label}: chunk at {list(offsets)} of size {list(sizes)} lies outside the tensor {list(shape)}"
-            )
-        total += volume(sizes)
-    numel = volume(shape)
-    if total != numel:
-        how = "overlap" if total > numel else "leave gaps"
-        raise CorruptCheckpointError(f"{label}: its chunks {how} (they hold {total} of {numel} elements)")
-    if len(boxes) < 2 or not shape:
-        return
-    live = sorted((b for b in boxes if volume(b[1])), key=lambda b: b[0][0])
-    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    for offsets, sizes in live:  # sweep along dimension 0: compare only boxes whose rows meet
-        active = [b for b in active if b[0][0] + b[1][0] > offsets[0]]
-        for o, s in active:
-            if all(a < c + t and c < a + u for a, u, c, t in zip(offsets, sizes, o, s, strict=True)):
-                raise CorruptCheckpointError(f"{label}: chunks at {list(o)} and {list(offsets)} overlap")
-        active.append((offsets, sizes))
 
 
 @dataclass(frozen=True)

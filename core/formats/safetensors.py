@@ -8,6 +8,7 @@ bounds checks (a hostile header cannot make us allocate or seek outside the file
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = ["SHARDING_KEY", "SafetensorsTensor", "SafetensorsWriter", "parse_header", "read_safetensors_index"]
 
-_MAX_HEADER = 100 << 20
+_MAX_HEADER = 100_000_000  # the safetensors library's limit
+_MAX_DEPTH = 128  # serde_json's nesting limit, which the library keeps
+_U64 = (1 << 64) - 1
 
 
 SHARDING_KEY = "DCP_SHARDING_INFO"  # torch's HuggingFaceStorageWriter: where each tensor's shard lies
@@ -58,37 +61,126 @@ def parse_header(f: IO[bytes], path: Path, label: str, base: int = 0) -> tuple[l
         read_exact(f, base + 8, memoryview(raw), label)
     except OSError as e:
         raise UnsupportedFormatError(f"{label}: cannot read ({e.strerror or e})") from e
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{label}: damaged safetensors header ({type(e).__name__})") from e
-    if not isinstance(header, dict):
-        raise CorruptCheckpointError(f"{label}: safetensors header is not a JSON object")
+    header = _decode(raw, label)
     start_of_data = base + 8 + n
     meta = header.pop("__metadata__", None) or {}
-    meta = {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CorruptCheckpointError(f"{label}: the safetensors __metadata__ is not a map of strings")
     sharding = _sharding(meta, label)
     tensors = []
     for name, spec in header.items():
-        try:
-            dtype = BY_SAFETENSORS[spec["dtype"]]
-            shape = tuple(int(s) for s in spec["shape"])
-            start, end = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptCheckpointError(f"{label}: bad header entry for {name!r} ({type(e).__name__}: {e})") from e
-        numel = 1
-        for s in shape:
-            if s < 0:
-                raise CorruptCheckpointError(f"{label}: negative dimension in {name!r}")
-            numel *= s
-        nbytes = numel * dtype.itemsize
-        if not 0 <= start <= end or end - start != nbytes or start_of_data + end > size:
-            raise CorruptCheckpointError(f"{label}: data range of {name!r} is inconsistent or outside the file")
+        dtype, shape, (start, end) = _spec(name, spec, label)
+        nbytes = _nbytes(shape, dtype, name, label)
+        if end - start != nbytes:
+            raise CorruptCheckpointError(f"{label}: data range of {name!r} does not hold its {nbytes} bytes")
         offsets = sharding.get(name, (0,) * len(shape))
         if len(offsets) != len(shape):
             raise CorruptCheckpointError(f"{label}: {SHARDING_KEY} of {name!r} does not match its shape")
         tensors.append(SafetensorsTensor(name, path, dtype, shape, start_of_data + start, nbytes, offsets))
+    covered = 0
+    for t in sorted(tensors, key=lambda t: (t.data_offset, t.data_offset + t.nbytes)):
+        if t.data_offset != start_of_data + covered:
+            raise CorruptCheckpointError(f"{label}: the data of {t.name!r} does not start where the previous ends")
+        covered += t.nbytes
+    if start_of_data + covered != size:
+        raise CorruptCheckpointError(
+            f"{label}: the tensors' data ends at byte {start_of_data + covered}, the file at {size} "
+            "(truncated, or not safetensors)"
+        )
     return tensors, meta
+
+
+class _Refused(ValueError):
+    """A JSON value the safetensors library's parser (serde_json) does not accept."""
+
+
+def _integer(text: str) -> int | float:
+    """What serde_json makes of a JSON integer: an integer while one fits, else a float (never
+    ``int()`` on thousands of digits, whose limit raises a bare ValueError)."""
+    return int(text) if len(text) <= 20 and not text.startswith("-") else _float(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Refused("number out of range")
+    return value
+
+
+def _constant(text: str) -> None:
+    raise _Refused(f"{text} is not JSON")
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _Refused("duplicate key")  # the library keeps the last; we refuse the ambiguity
+    return out
+
+
+def _decode(raw: bytes | bytearray, label: str) -> dict[str, Any]:
+    """The header as JSON the way the safetensors library reads it: strict UTF-8, no NaN or
+    Infinity, numbers it can hold, strings without lone surrogates, nesting under 128 deep."""
+    try:
+        header = json.loads(
+            raw.decode("utf-8"),
+            parse_int=_integer,
+            parse_float=_float,
+            parse_constant=_constant,
+            object_pairs_hook=_unique,
+        )
+        _check_tree(header)
+    except (UnicodeError, ValueError, RecursionError) as e:
+        reason = str(e) if isinstance(e, _Refused) else type(e).__name__
+        raise CorruptCheckpointError(f"{label}: damaged safetensors header ({reason})") from e
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{label}: safetensors header is not a JSON object")
+    return header
+
+
+def _check_tree(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            item.encode("utf-8")  # a lone surrogate escape raises
+        elif isinstance(item, (dict, list)):
+            if depth >= _MAX_DEPTH:
+                raise _Refused(f"nested {_MAX_DEPTH} deep")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _spec(name: str, spec: Any, label: str) -> tuple[DType, tuple[int, ...], tuple[int, int]]:
+    """A tensor entry's dtype, shape and data offsets: sizes and offsets non-negative integers
+    below 2**63 (what torch can index), as lists -- the library's rules, and ours for size."""
+    if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= spec.keys():
+        raise CorruptCheckpointError(f"{label}: bad header entry for {name!r} (needs dtype, shape, data_offsets)")
+    shape, offsets = spec["shape"], spec["data_offsets"]
+    for what, value in (("shape", shape), ("data_offsets", offsets)):
+        if not isinstance(value, list) or not all(type(v) is int and 0 <= v < 1 << 63 for v in value):
+            raise CorruptCheckpointError(
+                f"{label}: the {what} of {name!r} is not a list of non-negative integers below 2**63"
+            )
+    if len(offsets) != 2 or offsets[0] > offsets[1]:
+        raise CorruptCheckpointError(f"{label}: the data_offsets of {name!r} are not a [start, end] pair")
+    dtype = BY_SAFETENSORS.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+    if dtype is None:
+        raise UnsupportedFormatError(f"{label}: {name!r} has the dtype {str(spec['dtype'])[:40]!r}, not read here")
+    return dtype, tuple(shape), (offsets[0], offsets[1])
+
+
+def _nbytes(shape: tuple[int, ...], dtype: DType, name: str, label: str) -> int:
+    """Bytes of the tensor, refused where the library's 64-bit product of sizes (then of bits)
+    overflows, even when a later size of 0 would bring it back."""
+    numel = 1
+    for s in shape:
+        numel *= s
+        if numel > _U64:
+            break
+    if numel * dtype.itemsize * 8 > _U64:
+        raise CorruptCheckpointError(f"{label}: the shape of {name!r} overflows a 64-bit size")
+    return numel * dtype.itemsize
 
 
 def _sharding(meta: dict[str, str], label: str) -> dict[str, tuple[int, ...]]:
