@@ -10,7 +10,8 @@ in memory, answers HEAD honestly (the true size, an ETag), and answers GET in on
 * ``"trickle"``: 206, right headers, the body one byte every ``interval`` seconds.
 
 Padding is generated as it is sent, never allocated: a test can ask for gigabytes. ``sent`` counts
-the body bytes handed to the connection, so a test can check how much the client let through.
+the body bytes handed to the connection, so a test can check how much the client let through;
+``gets`` the GETs received.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         owner: BadHTTPServer = self.server.owner
+        with owner.lock:
+            owner.gets += 1
         data = owner.objects.get(self.path.lstrip("/"))
         if data is None:
             self._head(404, [("Content-Length", "0")])
@@ -127,7 +130,7 @@ class BadHTTPServer:
     ) -> None:
         self.objects, self.mode = objects, mode
         self.body, self.length, self.extra, self.interval = body, length, extra, interval
-        self.sent = 0
+        self.sent = self.gets = 0
         self.lock = threading.Lock()
         self._httpd = _Server(self)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
