@@ -161,6 +161,8 @@ def on_loop(
             if clock.remaining() < -1:
                 raise clock.too_slow(0)
         return fut.result()
+    except concurrent.futures.CancelledError:
+        raise Abandoned() from None  # cancelled on the loop: the process is exiting
     except BaseException:
         fut.cancel()
         raise

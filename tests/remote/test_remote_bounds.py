@@ -87,6 +87,15 @@ def test_a_large_object_whose_server_ignores_ranges_is_refused() -> None:
             _read(f"{server.url}/big", 5 * MiB, 1000)
         assert server.sent < 64 * MiB
         assert _read(f"{server.url}/big", 0, 1000) == big[:1000]  # from its start: the first bytes only
+    with _serve("ignore_range", {"big": big}, length=False) as server:  # no length: the rest is not an error
+        assert _read(f"{server.url}/big", 0, 1000) == big[:1000]
+
+
+def test_a_whole_object_answer_longer_than_the_object_is_refused() -> None:
+    with _serve("ignore_range", body=2 * GiB, length=False) as server:
+        with pytest.raises(RemoteError, match=r"does not honour range requests \(it sent more than bytes 0-127\)"):
+            _read(f"{server.url}/tiny", 0, 16)
+        assert server.sent < 64 * MiB
 
 
 def test_a_range_followed_by_more_bytes_is_cut_off_and_refused() -> None:
