@@ -4,7 +4,8 @@ Every reader in this package reads through a file object: a local one (``preadv`
 descriptor) or a :class:`RemoteFile`, whose ``pread`` fetches exactly the byte ranges asked for.
 :class:`RemotePath` offers the part of :class:`pathlib.Path` the readers and writers use (``/``,
 ``name``, ``is_dir``, ``iterdir``, ``stat``...), so the format code does not care where a
-checkpoint lives. The plumbing (URLs, file systems, retries, errors) is in :mod:`._remote_fs`.
+checkpoint lives. The plumbing is below: URLs and errors in :mod:`._remote_fs`, file systems, retries and
+deadlines in :mod:`._remote_calls`, bounded range reads in :mod:`._remote_stream`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._remote_fs import FetchStats, Memo, RemoteError, call, fetch_stats, filesystem, is_url, scheme, shown_url
+from ._remote_calls import call, filesystem
+from ._remote_fs import FetchStats, Memo, RemoteError, fetch_stats, is_url, scheme, shown_url
 from ._remote_io import RemoteFile, RemoteWriter, shared_spans
 
 __all__ = [

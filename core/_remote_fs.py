@@ -1,5 +1,5 @@
-"""The remote stores' plumbing under :mod:`._remote`: URLs, fsspec file systems, retries, one-line
-errors and the counters of what was fetched.
+"""The remote stores' plumbing under :mod:`._remote`: URLs, one-line errors, what is worth a
+retry, and the counters of what was fetched (file systems and retries: :mod:`._remote_calls`).
 
 fsspec and the backend of each store (s3fs, gcsfs, adlfs, huggingface_hub; aiohttp for HTTP) are
 optional extras, imported when a URL is first used: a missing one is named in a one-line error.
@@ -15,24 +15,25 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import DCPStudioError
 
 __all__ = [
+    "RETRIES",
     "FetchStats",
     "Memo",
     "RemoteError",
-    "call",
+    "backend",
     "count",
     "explain",
     "fetch_stats",
-    "filesystem",
     "is_url",
     "scheme",
     "shown_url",
     "threads",
+    "transient",
 ]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -182,66 +183,17 @@ def _status(exc: BaseException) -> int | None:
 _STATUS_TEXT = re.compile(r"^\s*([45]\d\d)\b|(?:status|HTTP|code)\W{0,3}([45]\d\d)\b", re.IGNORECASE)
 
 
+def backend(url: str) -> str:
+    """Which extra serves ``url``'s scheme (``"s3"``, ``"http"``...), or the scheme itself."""
+    kind = scheme(url)
+    return _EXTRAS.get(kind, kind)
+
+
 def transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, ImportError, RemoteError)):
         return False
     status = _status(exc)
     return status is None or status >= 500 or status in (408, 429)
-
-
-_fs_lock = threading.Lock()
-
-
-CONNECT_TIMEOUT, READ_TIMEOUT = 30, 120  # seconds: a stalled server fails a request, then its retries
-
-
-def _timeouts(url: str) -> dict[str, Any]:
-    """Bounded waits for the backends whose defaults are long (aiohttp: 5 minutes per request)."""
-    kind = _EXTRAS.get(scheme(url))
-    if kind == "http":
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
-        return {"client_kwargs": {"timeout": timeout}}
-    if kind == "s3":
-        return {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT}}
-    return {}
-
-
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system for ``url`` and the path inside it."""
-    try:
-        import fsspec.core
-
-        with _fs_lock:
-            return fsspec.core.url_to_fs(url, **_timeouts(url))
-    except ValueError as e:
-        if "Protocol not known" in str(e) or "not known" in str(e):
-            raise RemoteError(f"{shown_url(url)}: unsupported kind of address ({scheme(url)}://)") from None
-        raise explain(e, url, "open") from None
-    except Exception as e:
-        raise explain(e, url, "open") from None
-
-
-def attempts_for(url: str) -> int:
-    """Attempts at one request: the object stores' backends retry on their own (s3fs and botocore
-    five times), so once more on top of them; HTTP (aiohttp) does not, so :data:`RETRIES`."""
-    return 2 if _EXTRAS.get(scheme(url)) in ("s3", "gcs", "azure") else RETRIES
-
-
-def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args)`` retried on transient failures, its exceptions turned into one line."""
-    delay = 0.2
-    attempts = attempts_for(url)
-    for attempt in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            if attempt == attempts - 1 or not transient(e):
-                raise explain(e, url, doing) from None
-        time.sleep(delay)
-        delay *= 2.5
-    raise AssertionError("unreachable")
 
 
 K = TypeVar("K")

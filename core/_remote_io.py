@@ -11,8 +11,9 @@ import threading
 from concurrent.futures import wait
 from typing import Any, Protocol
 
-from ._remote_fs import Memo, RemoteError, call, count, explain, threads
-from ._remote_stream import Stream
+from ._remote_calls import call
+from ._remote_fs import Memo, count, explain, threads
+from ._remote_stream import Stream, fetch
 
 
 class _Where(Protocol):  # a RemotePath (above this module)
@@ -154,15 +155,11 @@ class RemoteFile(OffsetReader):
         n = self.readinto(out)
         return bytes(out[:n])
 
-    def _fetch(self, start: int, end: int) -> bytes:
-        data = call(self.where.url, "read", self.where.fs.cat_file, self.where.path, start=start, end=end)
+    def _fetch(self, start: int, end: int, stop: threading.Event | None = None) -> bytes:
+        w = self.where
+        data = fetch(w.fs, w.path, w.url, self.label, start, end, self.size, stop)
         count(len(data))
-        if len(data) != end - start:
-            raise RemoteError(
-                f"{self.label}: asked for bytes {start}-{end}, got {len(data)}; the object changed or the server "
-                "ignores range requests"
-            )
-        return bytes(data)
+        return data
 
     def pread(self, offset: int, out: memoryview, within: tuple[int, int] | None = None) -> int:
         """Fill ``out`` with the bytes at ``offset`` (fewer at the end of the object).
@@ -217,9 +214,13 @@ class RemoteFile(OffsetReader):
         n = len(out)
         spans = [(s, min(n, s + PART)) for s in range(0, n, PART)]
 
+        stop = threading.Event()
+
         def one(span: tuple[int, int]) -> None:
             a, b = span
-            out[a:b] = self._fetch(offset + a, offset + b)
+            data = self._fetch(offset + a, offset + b, stop)
+            if not stop.is_set():
+                out[a:b] = data
 
         if len(spans) == 1:
             one(spans[0])
@@ -229,7 +230,8 @@ class RemoteFile(OffsetReader):
             for f in futures:
                 f.result()
         except BaseException:
-            # the other parts still write into ``out``, which the caller frees once this raises
+            # the other parts are abandoned (their requests cancelled) before the caller frees ``out``
+            stop.set()
             for f in futures:
                 f.cancel()
             wait(futures)
