@@ -405,3 +405,7 @@ ATTACKS: dict[str, Callable[[Path, random.Random], Attack]] = {
 }
 
 _ = struct  # the byte layouts above are spelled out by hand
+
+from tests.reliability.attacks_fanout import ATTACKS_FANOUT  # noqa: E402 - it builds on the helpers above
+
+ATTACKS.update(ATTACKS_FANOUT)
