@@ -1,10 +1,11 @@
 """One running job per kind (open, preview, convert, verify, load, ...): starting a new one
 cancels the old, which is kept alive until its thread ends, then deleted -- a finished job replaced is
 deleted at once, with the callbacks connected to it (closures over a checkpoint the window may have
-closed since); closing cancels and waits for all."""
+closed since); closing cancels all and waits a bounded time, abandoning the jobs that do not end."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,11 +66,16 @@ class JobBoard:
         if job is not None and job.running:
             job.cancel()
 
-    def stop_all(self, timeout_ms: int = 30_000) -> None:
-        """Cancel every job and wait for its thread (the window is closing)."""
+    def stop_all(self, timeout_ms: int = 2_000) -> list[Job]:
+        """Cancel every job and wait, at most ``timeout_ms`` for all, for their threads to end (the
+        window is closing). Those still running -- stuck where they cannot see the cancel -- are
+        abandoned (:meth:`Job.abandon`) and returned."""
         jobs = [*self.jobs.values(), *self.retired]
         for job in jobs:
             if job.running:
                 job.cancel()
-        for job in jobs:
-            job.wait(timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        stuck = [job for job in jobs if not job.wait(max(0, int((deadline - time.monotonic()) * 1000)))]
+        for job in stuck:
+            job.abandon()
+        return stuck

@@ -83,6 +83,8 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
+    from .workers import exit_if_stuck
+
     if QApplication.instance() is None:
         from .display import display_problem
 
@@ -100,7 +102,9 @@ def run(paths: Sequence[str] = (), *, demo: bool = False, quit_after: float | No
     if quit_after is not None:
         QTimer.singleShot(int(quit_after * 1000), window.close)
     _close_on_termination(window)
-    return int(app.exec())
+    code = int(app.exec())
+    exit_if_stuck(code)  # a job stuck where it cannot be cancelled must not keep the process, or abort it
+    return code
 
 
 def _close_on_termination(window: QWidget) -> None:

@@ -4,11 +4,15 @@ A job is a plain function ``fn(progress, cancel) -> result`` -- every long core 
 that shape. :class:`Job` runs it on a fresh ``QThread`` and turns what happens into signals,
 delivered on the GUI thread: ``progress(Progress)`` (throttled), ``result(object)``,
 ``errored(Exception)``, ``cancelled()``, and always ``finished()`` last. Cancellation is
-cooperative: :meth:`Job.cancel` sets the token the function polls.
+cooperative: :meth:`Job.cancel` sets the token the function polls. A job whose function never
+looks (a read stuck in the network) cannot be stopped: when the window closes it is
+:meth:`Job.abandon`-ed, and the process ends with :func:`exit_if_stuck`.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +21,7 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from dcpstudio.core import CancelledError, CancelToken, Progress
 
-__all__ = ["Job", "JobFunction"]
+__all__ = ["Job", "JobFunction", "exit_if_stuck", "stuck_jobs"]
 
 JobFunction = Callable[[Callable[[Progress], None], CancelToken], Any]
 
@@ -107,6 +111,38 @@ class Job(QObject):
         """Block until the thread has ended (used when the window closes). True if it ended."""
         return self._thread.wait(timeout_ms)
 
+    def abandon(self) -> None:
+        """Let go of a job whose thread will not end: nothing it does reaches its receivers any
+        more, and it no longer belongs to its parent, which may now be destroyed -- destroying a
+        running QThread aborts the process. It is kept (:func:`stuck_jobs`) until its thread ends."""
+        self.blockSignals(True)
+        self.setParent(None)
+        _ABANDONED.add(self)
+
     def _on_thread_finished(self) -> None:
         self.running = False
+        if self in _ABANDONED:
+            _ABANDONED.discard(self)
+            self.deleteLater()
         self.finished.emit()
+
+
+_ABANDONED: set[Job] = set()
+
+
+def stuck_jobs() -> list[Job]:
+    """The abandoned jobs whose threads still run."""
+    return [job for job in _ABANDONED if job.is_alive()]
+
+
+def exit_if_stuck(code: int) -> None:
+    """End the process now with ``code`` when an abandoned job's thread still runs. Python cannot
+    stop that thread, and a normal exit would wait on it or abort: finalization destroys the
+    running QThread (Qt aborts: "Destroyed while thread is still running") and joins the worker
+    threads it may have started. ``os._exit`` skips both; the window has saved its settings and
+    cancelled everything that listens, so only the streams need flushing."""
+    if stuck_jobs():
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os._exit(code)

@@ -62,6 +62,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         exclude=args.exclude,
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
+        allow_expansion=args.allow_expansion,
     )
     try:
         named = getattr(args, "named", None)

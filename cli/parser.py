@@ -16,6 +16,11 @@ def _add_convert_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",
     )
+    p.add_argument(
+        "--allow-expansion",
+        action="store_true",
+        help="write an output many times larger than what the source stores (one storage viewed under many names)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ._fanout import check_output_size
 from ._output import (
     TRUST_WARNING,
     ConversionResult,
@@ -84,6 +85,21 @@ def _cast(t: TensorRef, to: DType, label: str) -> TensorRef:
     return TensorRef.contiguous(storage, to, t.shape)
 
 
+def _cast_view(t: TensorRef, to: DType, label: str, done: dict[tuple[int, str], StorageRef]) -> TensorRef | None:
+    """``t`` as the same view of its storage cast whole to ``to`` (once per storage and dtype, in
+    ``done``): a torch.save target keeps views that share a storage sharing one. None when the
+    storage does not hold whole elements of ``t``'s dtype."""
+    src = t.storage
+    if src is None or src.nbytes % t.dtype.itemsize:
+        return None
+    key = (id(src), t.dtype.name)
+    storage = done.get(key)
+    if storage is None:
+        whole = TensorRef(src, t.dtype, (src.nbytes // t.dtype.itemsize,), (1,))
+        storage = done[key] = StorageRef.for_tensor(f"cast:{label}", to, whole.numel, _Cast(whole, to, label))
+    return TensorRef(storage, to, t.shape, t.stride, t.storage_offset, t.requires_grad)
+
+
 @dataclass
 class _Entry:
     """One entry of the output: its name, its place in the nested state dict, and its tensor or
@@ -95,20 +111,25 @@ class _Entry:
     value: Any = None
 
 
-def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, compact: bool) -> list[_Entry]:
-    """The output's entries; ``compact`` when the target keeps views as views (torch.save, no cast)."""
+def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, views: bool) -> list[_Entry]:
+    """The output's entries; ``views`` when the target keeps views as views (torch.save: a cast
+    casts each storage once, and its views stay views of it)."""
     paths = ckpt.paths()
     out = []
+    casts: dict[tuple[int, str], StorageRef] = {}
     for fqn, entry in ckpt.entries.items():
         if not keep(fqn):
             continue
         path = paths.get(fqn, (fqn,))
         if entry.kind == "tensor":
+            t = ckpt.tensor_ref(fqn)
+            compact = views
+            if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
+                view = _cast_view(t, cast, fqn, casts) if views else None
+                compact = view is not None
+                t = view if view is not None else _cast(t, cast, fqn)
             if not compact:
                 refuse_expanded(entry, str(ckpt.path), "write")
-            t = ckpt.tensor_ref(fqn)
-            if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
-                t = _cast(t, cast, fqn)
             out.append(_Entry(fqn, path, t))
         else:
             out.append(_Entry(fqn, path, None, ckpt.read_object(fqn)))
@@ -248,6 +269,7 @@ def convert(
     strip_prefix: str | None = None,
     files: int | None = None,
     max_file_size: int | str | None = None,
+    allow_expansion: bool = False,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -255,7 +277,9 @@ def convert(
     ``max_shard_size`` (bytes, or "5GB") writes shards plus ``model.safetensors.index.json`` into
     the directory ``dst`` (as does a ``dst`` ending in a path separator), and ``strip_prefix``
     drops a prefix from names. For DCP targets, ``files`` spreads the data over that many files
-    and ``max_file_size`` keeps each file under a size (one file by default)."""
+    and ``max_file_size`` keeps each file under a size (one file by default). An output many times
+    larger than what the source stores (one storage under many names) is refused with
+    :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`)."""
     src_p, dst_p = as_location(src), as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = detect_format(src_p)
@@ -281,7 +305,11 @@ def convert(
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
     cast = _CASTS[dtype] if dtype else None
     with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
-        plan = _plan(ckpt, keep, cast, compact=target == "torch" and cast is None)
+        plan = _plan(ckpt, keep, cast, views=target == "torch")
+        written = [(e.fqn, e.tensor if e.tensor is not None else e.value) for e in plan]
+        if target == "safetensors":
+            written = [(fqn, t) for fqn, t in written if isinstance(t, TensorRef)]
+        check_output_size(ckpt, written, shared=target == "torch", allow=allow_expansion)
         total = sum(e.tensor.nbytes for e in plan if e.tensor is not None)
         reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(plan))
         reporter.check()

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DCPStudioError",
     "DestinationExistsError",
+    "ExpansionError",
     "MissingClassError",
     "UnsafePickleError",
     "UnsupportedFormatError",
@@ -67,6 +68,20 @@ class MissingClassError(UnsupportedFormatError):
 
 class DestinationExistsError(DCPStudioError):
     """The destination exists and ``overwrite`` was not given."""
+
+
+class ExpansionError(DCPStudioError):
+    """An output would be many times larger than what its source stores: one storage viewed under
+    many names (or read many times), each written out in full. ``name`` is one of those entries,
+    ``views`` how many entries view that storage, ``total``/``stored`` the output's and the source's
+    bytes -- so a front end can ask whether to write it anyway."""
+
+    def __init__(self, message: str, *, name: str = "", views: int = 0, total: int = 0, stored: int = 0) -> None:
+        super().__init__(message)
+        self.name = name
+        self.views = views
+        self.total = total
+        self.stored = stored
 
 
 class CancelledError(DCPStudioError):

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from dcpstudio.core import ConversionResult, DiffReport, convert, diff, open_checkpoint
+from dcpstudio.core import ConversionResult, DiffReport, ExpansionError, convert, diff, open_checkpoint
 from dcpstudio.core.convert import parse_size
 from dcpstudio.core.report import diff_text, human_bytes
 
@@ -242,10 +242,13 @@ class ConvertPanel(QWidget):
         suggestion = suggest_destination(target, src, self.ctx.settings.last_dir())
         return self.ctx.save_path(f"Convert {name_of(src)} to {TARGETS[target][2:]}", suggestion, "")
 
-    def convert(self, target: str, src: object = None, dst: object = None) -> Job | None:
+    def convert(
+        self, target: str, src: object = None, dst: object = None, *, allow_expansion: bool = False
+    ) -> Job | None:
         """Convert ``src`` (default: the open checkpoint; a path or a URL) to ``target`` at ``dst``
         (default: asked). A remote destination is not asked about on the GUI thread: if something
-        is there already, the conversion stops with "exists" and nothing is replaced."""
+        is there already, the conversion stops with "exists" and nothing is replaced. An output
+        refused as many times larger than its source is written if the user confirms it."""
         ckpt = self.ctx.checkpoint()
         source: Any = location(src) if src is not None else (ckpt.path if ckpt is not None else None)
         if source is None:
@@ -281,7 +284,16 @@ class ConvertPanel(QWidget):
         def work(progress: Any, cancel: Any) -> ConversionResult:
             with warnings.catch_warnings():  # notes come back in the result and are shown in the report
                 warnings.simplefilter("ignore", UserWarning)
-                return convert(source, dst, to=target, progress=progress, cancel=cancel, overwrite=overwrite, **options)
+                return convert(
+                    source,
+                    dst,
+                    to=target,
+                    progress=progress,
+                    cancel=cancel,
+                    overwrite=overwrite,
+                    allow_expansion=allow_expansion,
+                    **options,
+                )
 
         cast = options["dtype"]
         job = self.ctx.start(
@@ -289,7 +301,20 @@ class ConvertPanel(QWidget):
         )
         job.cancelled.connect(lambda: self.report.setPlainText("Cancelled; nothing was written."))
         job.errored.connect(lambda e: self.report.setPlainText(f"Failed: {e}"))
+        job.errored.connect(lambda e: self._expanded(e, target, source, dst))
         return job
+
+    def _expanded(self, e: object, target: str, source: object, dst: object) -> None:
+        """Ask whether to write an output refused as many times larger than its source, and do."""
+        if not isinstance(e, ExpansionError):
+            return
+        question = (
+            f"The result would hold {human_bytes(e.total)}, {e.total / max(e.stored, 1):.0f} times the "
+            f"{human_bytes(e.stored)} {name_of(source)} stores: {e.views} entries view one storage "
+            f"({e.name!r} is one), and {TARGETS[target][2:]} writes each of them out. Write it anyway?"
+        )
+        if self.ctx.confirm(question):
+            self.convert(target, source, dst, allow_expansion=True)
 
     def _progress(self, p: Any) -> None:
         self.set_progress(p.fraction, p.current)

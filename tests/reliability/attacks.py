@@ -406,6 +406,9 @@ ATTACKS: dict[str, Callable[[Path, random.Random], Attack]] = {
 
 _ = struct  # the byte layouts above are spelled out by hand
 
-from tests.reliability.attacks_shapes import ATTACKS_SHAPES  # noqa: E402 - it builds on the helpers above
+# classes of later reviews, each in its own module (they build on the helpers above)
+from tests.reliability.attacks_fanout import ATTACKS_FANOUT  # noqa: E402
+from tests.reliability.attacks_shapes import ATTACKS_SHAPES  # noqa: E402
 
 ATTACKS.update(ATTACKS_SHAPES)
+ATTACKS.update(ATTACKS_FANOUT)
