@@ -38,6 +38,7 @@ from .._remote import as_location, is_url
 from .._stand_ins import get_layout
 from ..errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError, UnsupportedFormatError
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
+from .dcp_transforms import undo_transforms
 from .dcp_writer import DCPWriter, storage_info
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "storage_info", "unwrap_error"]
@@ -102,10 +103,15 @@ class DCPReader(FileSystemReader):
     :class:`~dcpstudio.core.planners.SafeLoadPlanner` so those are unpickled safely too.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, trust_pickle: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], _extension_registry: Any = None, *, trust_pickle: bool = False
+    ) -> None:
+        """``_extension_registry``: torch's ``ExtensionRegistry`` of the caller's stream transforms
+        (as ``FileSystemReader`` takes it); without one, only the built-in zstd is undone."""
         super().__init__("." if is_url(path) else path)
         self.path: Any = as_location(path)  # torch's file system would turn "s3://b/x" into "s3:/b/x"
         self.trust_pickle = trust_pickle
+        self.extension_registry = _extension_registry
         self.bytes_read = 0
         self._metadata = Metadata(state_dict_metadata={})
         self._chunks: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}  # (fqn, offsets) -> sizes
@@ -255,7 +261,11 @@ class DCPReader(FileSystemReader):
         if descriptors:
             raw = bytearray(length)
             read_exact(f, offset, memoryview(raw), label)
-            decoded = decode_item(descriptors, bytes(raw), label, self._decoded_limit(index))
+            limit = self._decoded_limit(index)
+            if self.extension_registry is not None:
+                decoded = undo_transforms(self.extension_registry, descriptors, bytes(raw), label, limit)
+            else:
+                decoded = decode_item(descriptors, bytes(raw), label, limit)
             source, offset, length = io.BytesIO(decoded), 0, len(decoded)
         if target is None:
             raw = bytearray(length)

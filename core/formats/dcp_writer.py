@@ -5,11 +5,12 @@ conversion runs at about disk speed. Use it with ``torch.distributed.checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
@@ -21,14 +22,21 @@ from torch.futures import Future
 from .._io import FileRange, crc32, tensor_buffer
 from .._pipeline import prefetch
 from ..dtypes import dtype_of
+from ..errors import UnsupportedFormatError
+from .dcp_transforms import write_transformed
 from .torchsave import write_tensor_archive
 
 __all__ = ["DCPWriter", "storage_info"]
 
 
-def storage_info(relative_path: str, offset: int, length: int) -> Any:
+def storage_info(relative_path: str, offset: int, length: int, descriptors: Sequence[str] = ()) -> Any:
     """torch's private ``_StorageInfo``, built by keyword: its fields grew over releases (2.6 has
-    no ``transform_descriptors``), so it is never called positionally."""
+    no ``transform_descriptors``), so it is never called positionally, and the field is set only
+    for an item that was transformed (as torch's writer leaves it out otherwise)."""
+    if descriptors:
+        return _StorageInfo(
+            relative_path=relative_path, offset=offset, length=length, transform_descriptors=list(descriptors)
+        )
     return _StorageInfo(relative_path=relative_path, offset=offset, length=length)
 
 
@@ -38,6 +46,8 @@ class DCPWriter(FileSystemWriter):
     Tensors are resolved one at a time (the next one is resolved on a helper thread while the
     current one is written), so a planner that materialises tensors lazily keeps memory bounded
     by a few tensors. ``on_item(nbytes, fqn)`` is called after each item; it may raise to cancel.
+    ``_extensions``: torch's ``StreamTransformExtension`` objects each item is written through
+    (as ``FileSystemWriter`` takes them); a reader needs a registry that knows them.
     """
 
     def __init__(
@@ -48,9 +58,16 @@ class DCPWriter(FileSystemWriter):
         single_file_per_rank: bool = True,
         sync_files: bool = True,
         overwrite: bool = False,
+        _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite)
         self.on_item = on_item
+        self.extensions = tuple(_extensions or ())
+        if self.extensions and "transform_descriptors" not in {f.name for f in dataclasses.fields(_StorageInfo)}:
+            raise UnsupportedFormatError(
+                f"torch {torch.__version__} records no stream transforms (_StorageInfo.transform_descriptors); "
+                "_extensions needs a newer torch"
+            )
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix = cast(_StoragePrefix, plan.storage_data).prefix
@@ -69,7 +86,7 @@ class DCPWriter(FileSystemWriter):
     def _write_file(
         self, path: Path, file_name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
-        resolve_range = getattr(planner, "resolve_range", None)
+        resolve_range = None if self.extensions else getattr(planner, "resolve_range", None)
 
         def produce(item: WriteItem) -> Any:
             """Runs on the prefetch thread: the item's bytes (and CRC), or where to copy them from."""
@@ -88,7 +105,18 @@ class DCPWriter(FileSystemWriter):
         with open(path, "wb") as f:
             for item, data in prefetch(produce, items):
                 offset = f.tell()
-                if item.type == WriteItemType.BYTE_IO:
+                descriptors: list[str] = []
+                if self.extensions:
+                    buf = io.BytesIO()
+                    if item.type == WriteItemType.BYTE_IO:
+                        buf = cast(io.BytesIO, data)
+                    else:
+                        tensor, crc = data
+                        write_tensor_archive(
+                            buf, dtype_of(tensor.dtype), tuple(tensor.shape), tensor_buffer(tensor), crc=crc
+                        )
+                    descriptors = write_transformed(self.extensions, cast(IO[bytes], f), buf.getbuffer())
+                elif item.type == WriteItemType.BYTE_IO:
                     f.write(cast(io.BytesIO, data).getbuffer())
                 elif isinstance(data, FileRange):
                     td = item.tensor_data
@@ -104,7 +132,7 @@ class DCPWriter(FileSystemWriter):
                     WriteResult(
                         index=item.index,
                         size_in_bytes=length,
-                        storage_data=storage_info(file_name, offset, length),
+                        storage_data=storage_info(file_name, offset, length, descriptors),
                     )
                 )
                 if self.on_item is not None:
