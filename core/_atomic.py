@@ -24,7 +24,7 @@ from typing import Any
 from ._remote import RemotePath, as_location, is_url
 from .errors import DCPStudioError, DestinationExistsError
 
-__all__ = ["atomic_output", "fsync_tree"]
+__all__ = ["atomic_into", "atomic_output", "fsync_tree"]
 
 _TAG = ".dcpstudio-tmp-"
 
@@ -143,6 +143,56 @@ def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool =
         _fsync_dir(parent)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        os.close(lock)
+
+
+_INTO = "dcp"  # the staging folder's name inside a folder written into: .dcp.dcpstudio-tmp-PID-RANDOM
+
+
+@contextlib.contextmanager
+def atomic_into(dst: Path, *, overwrite: bool, keep: Path) -> Iterator[Path]:
+    """Yield a path to write a checkpoint folder at; then move its files into the existing folder
+    ``dst`` -- ``.metadata`` last, so a reader sees the new checkpoint only when whole -- and touch
+    nothing else there. This is how a DCP is written into the folder that holds its source file,
+    as torch's writer does: ``keep`` (the source) is never replaced, and a name that exists in
+    ``dst`` is replaced only with ``overwrite`` (an old ``.metadata`` is removed first, so its data
+    files are never seen with new bytes). The staging folder is inside ``dst``: same file system."""
+    dst = Path(dst).absolute()
+    if not os.access(dst, os.W_OK | os.X_OK):
+        raise DCPStudioError(f"cannot write {dst}: the directory is not writable")
+    clean_stale_temporaries(dst / _INTO)
+    stage = dst / f".{_INTO}{_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        stage.mkdir()
+        lock = os.open(stage / _LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise DCPStudioError(f"cannot write {dst}: {e.strerror or e}") from e
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    payload = stage / dst.name
+    try:
+        yield payload
+        names = sorted((p.name for p in payload.iterdir()), key=lambda n: (n == ".metadata", n))
+        source = keep.resolve()
+        for name in names:
+            there = dst / name
+            if there.resolve() == source or there.resolve() in source.parents:
+                raise DCPStudioError(f"cannot write {dst}: its file {name} would replace the source {keep}")
+            if (payload / name).is_dir() or (there.is_dir() and not there.is_symlink()):
+                raise DCPStudioError(f"cannot write {there}: a directory; remove it yourself or choose another path")
+            if (there.exists() or there.is_symlink()) and not overwrite:
+                raise DestinationExistsError(f"{there} already exists; pass --overwrite to replace it")
+        old = dst / ".metadata"
+        if old.exists() or old.is_symlink():
+            old.unlink()
+            _fsync_dir(dst)
+        for name in names:
+            if name == ".metadata":
+                _fsync_dir(dst)  # the data files' names are durable before the checkpoint appears
+            os.replace(payload / name, dst / name)
+        _fsync_dir(dst)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
         os.close(lock)
 
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._atomic import atomic_output, refuse_bucket
+from ._atomic import atomic_into, atomic_output, refuse_bucket
 from ._files import create_file, sync_file
 from ._io import FileRange
 from ._pipeline import prefetch
 from ._refs import StorageRef, TensorRef
+from ._remote import RemotePath
 from ._tensor_io import Payload, tensor_bytes
 from .errors import DCPStudioError, DestinationExistsError
 from .formats.dcp import DCPItem, write_dcp
@@ -38,6 +39,7 @@ __all__ = [
     "write_dcp_output",
     "write_safetensors_output",
     "write_torch_save_output",
+    "writes_into",
 ]
 
 TRUST_WARNING = "trusting pickles in {}: code embedded in the checkpoint can run"
@@ -61,19 +63,57 @@ class ConversionResult:
 _KINDS = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 
 
-def check_paths(src: Path, dst: Path) -> None:
-    """The destination is neither the source, nor inside it, nor a folder that holds it."""
+def check_paths(src: Any, dst: Any, target: Target | None = None) -> None:
+    """The output may not replace or delete the source. It may lie inside a DCP source folder
+    (a DCP is the files its ``.metadata`` names: another one there changes nothing), unless it
+    is one of them; and a DCP may be written into the folder that holds its source file
+    (:func:`writes_into`). Anything else that is, is inside or contains the source is refused."""
     s, d = src.resolve(), dst.resolve()
-    if s == d or s in d.parents:
-        raise DCPStudioError(f"destination {dst} is the source or inside it; choose another path")
-    if d in s.parents:
-        raise DCPStudioError(f"destination {dst} contains the source {src}; choose another path")
+    if s == d:
+        raise DCPStudioError(f"destination {dst} is the source; choose another path")
+    if s in d.parents and not _beside_dcp_files(src, dst):
+        raise DCPStudioError(f"destination {dst} is inside the source {src}; choose another path")
+    if d in s.parents and not writes_into(src, dst, target):
+        raise DCPStudioError(
+            f"destination {dst} contains the source {src}; only a DCP checkpoint can be written into it "
+            "(its files added beside the source); choose another path"
+        )
 
 
-def check_replaceable(dst: Path, target: Target, overwrite: bool) -> None:
+def writes_into(src: Any, dst: Any, target: Target | None) -> bool:
+    """Whether the output is a DCP written into the existing local folder that holds its source
+    file, as torch's ``torch_save_to_dcp(d / "model.pt", d)`` does: files added, none replaced."""
+    if target != "dcp" or isinstance(src, RemotePath) or isinstance(dst, RemotePath):
+        return False
+    return dst.is_dir() and not dst.is_symlink() and dst.resolve() in src.resolve().parents
+
+
+def _beside_dcp_files(src: Any, dst: Any) -> bool:
+    """``dst``, inside the local folder ``src``, is none of the files (or their folders) that
+    ``src`` -- a DCP checkpoint -- consists of."""
+    from .formats.dcp import METADATA_FILE, read_light_metadata
+    from .formats.detect import detect_format
+
+    if isinstance(src, RemotePath) or isinstance(dst, RemotePath) or detect_format(src) != "dcp":
+        return False
+    d = dst.resolve()
+    used = [src / METADATA_FILE]
+    if dst.exists() or dst.is_symlink():
+        md = read_light_metadata(src)
+        used += [src / str(getattr(info, "relative_path", "")) for info in md.storage_data.values()]
+    return not any(p.resolve() == d or d in p.resolve().parents for p in used)
+
+
+def check_replaceable(dst: Path, target: Target, overwrite: bool, src: Any = None) -> None:
     """An existing destination is replaced only with ``overwrite``, and only when it is a checkpoint
-    of the target's kind (or an empty folder): never an arbitrary file or folder."""
+    of the target's kind (or an empty folder): never an arbitrary file or folder. A folder that a
+    DCP is written into (:func:`writes_into`) is not replaced: ``overwrite`` is needed only when it
+    already holds a DCP checkpoint, whose files are then replaced by the new one's."""
     refuse_bucket(dst)
+    if src is not None and writes_into(src, dst, target):
+        if (dst / ".metadata").exists() and not overwrite:
+            raise DestinationExistsError(f"{dst} already holds a DCP checkpoint; pass --overwrite to replace it")
+        return
     if not (dst.exists() or dst.is_symlink()):
         return
     if not overwrite:
@@ -145,9 +185,11 @@ def write_dcp_output(
     *,
     files: int | None = None,
     max_file_size: int | None = None,
+    source: Any = None,
 ) -> None:
     """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
-    files of at most ``max_file_size``; one by default)."""
+    files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
+    :func:`writes_into` says so."""
 
     def payload(t: TensorRef) -> Payload:
         reporter.check()
@@ -157,7 +199,9 @@ def write_dcp_output(
         reporter.advance(item.tensor.nbytes if item.tensor is not None else 0, current=item.fqn)
 
     try:
-        with atomic_output(dst, overwrite=overwrite) as tmp:
+        into = source is not None and writes_into(source, dst, "dcp")
+        out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
+        with out as tmp:
             write_dcp(
                 tmp,
                 items,

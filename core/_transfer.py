@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from . import errors
@@ -42,16 +42,17 @@ def rebuild_error(kind: str, message: str) -> Exception:
     return cls(message) if isinstance(cls, type) and issubclass(cls, Exception) else DCPStudioError(message)
 
 
-def dtype_of(planner: LoadPlanner, item: ReadItem) -> torch.dtype:
-    md = getattr(planner, "metadata", None)
-    tmd = md.state_dict_metadata[item.storage_index.fqn] if md is not None else None
+def dtype_of(md: Metadata, item: ReadItem) -> torch.dtype:
+    """The dtype the checkpoint stores an item in: from the storage reader's metadata, never the
+    planner's, which may describe the targets instead (``DynamicMetaLoadPlanner``)."""
+    tmd = md.state_dict_metadata.get(item.storage_index.fqn)
     if not isinstance(tmd, TensorStorageMetadata):
         raise DCPStudioError(f"no tensor metadata for {item.storage_index.fqn}")
     return tmd.properties.dtype
 
 
 def target_bytes(
-    item: ReadItem, planner: LoadPlanner, on: str, nbytes: int | None = None
+    item: ReadItem, planner: LoadPlanner, md: Metadata, on: str, nbytes: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """An item's target region and a byte view of it, when its bytes can land there as they are
     stored: a tensor of the stored dtype, on device type ``on``, one contiguous run (of ``nbytes``)."""
@@ -59,7 +60,7 @@ def target_bytes(
         return None
     target = planner.resolve_tensor(item).detach()
     if (
-        target.dtype != dtype_of(planner, item)
+        target.dtype != dtype_of(md, item)
         or target.device.type != on
         or not target.is_contiguous()
         or (nbytes is not None and target.numel() * target.element_size() != nbytes)
@@ -68,13 +69,13 @@ def target_bytes(
     return target, target.reshape(-1).view(torch.uint8)
 
 
-def apply(item: ReadItem, payload: torch.Tensor, planner: LoadPlanner) -> None:
+def apply(item: ReadItem, payload: torch.Tensor, planner: LoadPlanner, md: Metadata) -> None:
     """Hand an item's bytes to the planner: unpickled for a value, copied (and cast) for a tensor."""
     if item.type == LoadItemType.BYTE_IO:
         planner.load_bytes(item, io.BytesIO(bytes(tensor_buffer(payload.contiguous()))))
         return
     target = planner.resolve_tensor(item).detach()
-    target.copy_(payload.view(dtype_of(planner, item)).reshape(tuple(item.lengths)))
+    target.copy_(payload.view(dtype_of(md, item)).reshape(tuple(item.lengths)))
     planner.commit_tensor(item, target)
 
 
@@ -118,7 +119,7 @@ def fail(e: Exception, sending: list[Any], pending: dict[int, deque[int]], on: t
             dist.send(torch.frombuffer(bytearray(note), dtype=torch.uint8).to(on), dst=r)
 
 
-def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) -> int:
+def receive(plan: LoadPlan, planner: LoadPlanner, md: Metadata, order: list[str], src: int) -> int:
     """A rank's side, entry by entry in ``order``; items that cannot land in their targets as they
     are go through one scratch buffer, reused from entry to entry. Returns the bytes received.
 
@@ -146,7 +147,7 @@ def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) ->
         received += sum(sizes)
         if error is None:
             try:
-                direct = [target_bytes(plan.items[k], planner, on.type, n) for k, n in zip(ks, sizes, strict=True)]
+                direct = [target_bytes(plan.items[k], planner, md, on.type, n) for k, n in zip(ks, sizes, strict=True)]
                 need = sum(n for n, d in zip(sizes, direct, strict=True) if d is None)
                 if need > scratch.numel():
                     scratch = torch.empty(need, dtype=torch.uint8, device=on)
@@ -168,7 +169,7 @@ def receive(plan: LoadPlan, planner: LoadPlanner, order: list[str], src: int) ->
         wait(works)
         try:
             for k, buf in copies:
-                apply(plan.items[k], buf.cpu(), planner)
+                apply(plan.items[k], buf.cpu(), planner, md)
             for k, d in zip(ks, direct, strict=True):
                 if d is not None:
                     planner.commit_tensor(plan.items[k], d[0])

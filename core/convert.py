@@ -181,7 +181,9 @@ def _to_dcp(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    write_dcp_output(dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size)
+    write_dcp_output(
+        dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path
+    )
 
 
 def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -298,8 +300,8 @@ def convert(
     shard_limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
     if shard_limit is not None and shard_limit <= 0:
         raise ValueError("max_shard_size must be positive")
-    check_paths(src_p, dst_p)
-    check_replaceable(dst_p, target, overwrite)
+    check_paths(src_p, dst_p, target)
+    check_replaceable(dst_p, target, overwrite, src_p)
     keep = NameFilter(include, exclude)
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
@@ -91,6 +91,7 @@ class CheckpointReader(StorageReader):
         self._dtypes: dict[str, torch.dtype] = {}
         self._straight: set[int] = set()  # the coordinator's own items, read straight into their targets
         self._order: list[str] = []
+        self._metadata = Metadata(state_dict_metadata={})
 
     # -- StorageReader interface ------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -120,6 +121,7 @@ class CheckpointReader(StorageReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._order = list(metadata.state_dict_metadata)
+        self._metadata = metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -129,9 +131,7 @@ class CheckpointReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         rank, world = _dist()
-        wanted = [
-            (int(i.type.value), i.storage_index.fqn, tuple(i.storage_offsets), tuple(i.lengths)) for i in plan.items
-        ]
+        wanted = [(int(i.type.value), i.storage_index.fqn, _region(i), tuple(i.lengths)) for i in plan.items]
         try:
             if world == 1:
                 self._serve([wanted], plan, planner, rank)
@@ -149,7 +149,7 @@ class CheckpointReader(StorageReader):
                 elif local:
                     self._serve([wanted], plan, planner, 0)
                 else:
-                    self.bytes_received += receive(plan, planner, self._order, self.coordinator_rank)
+                    self.bytes_received += receive(plan, planner, self._metadata, self._order, self.coordinator_rank)
         finally:
             if self._ckpt is not None:
                 self._ckpt.close()
@@ -210,7 +210,7 @@ class CheckpointReader(StorageReader):
             raw = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
             for r, k, _ in requests:
                 if r == me:
-                    apply(plan.items[k], raw, planner)
+                    apply(plan.items[k], raw, planner, self._metadata)
             return [(r, k, raw) for r, k, _ in requests if r != me]
         dtype = self._dtypes[fqn]
         boxes: list[Box] = []
@@ -236,7 +236,7 @@ class CheckpointReader(StorageReader):
         for k, target in straight:
             planner.commit_tensor(plan.items[k], target)
         for _, k, payload in mine:
-            apply(plan.items[k], payload, planner)
+            apply(plan.items[k], payload, planner, self._metadata)
         return out
 
     def _serve(self, plans: Sequence[Sequence[Any]], plan: LoadPlan, planner: LoadPlanner, me: int) -> None:
@@ -254,23 +254,32 @@ class CheckpointReader(StorageReader):
             for k, item in enumerate(items):
                 by_fqn.setdefault(item[1], []).append((r, k, item))
         order = [fqn for fqn in self._order if fqn in by_fqn]
-        self._straight = {k for k, item in enumerate(plan.items) if target_bytes(item, planner, "cpu") is not None}
         pending: dict[int, deque[int]] = {r: deque() for r in range(len(plans)) if r != me}
-        most = 0
         for fqn in order:
             for r, n in Counter(r for r, _, _ in by_fqn[fqn] if r != me).items():
                 pending[r].append(n)
+        for r, left in pending.items():  # names the metadata lacks, which a rank waits for last (refused below)
+            left.extend(Counter(i[1] for i in plans[r] if i[1] not in ckpt.entries).values())
+        on = device()
+        refused: Exception | None = None
+        if self._seen is not None and _identity(self.path) != self._seen:  # replaced since the metadata was read
+            refused = errors.CorruptCheckpointError(f"{self.path}: changed while it was being loaded; load it again")
+        for fqn in by_fqn:
+            refused = refused or _outside(ckpt, fqn, by_fqn[fqn], self.path)
+        if refused is not None:
+            fail(refused, [], pending, on)
+            raise refused
+        self._straight = {
+            k for k, item in enumerate(plan.items) if target_bytes(item, planner, self._metadata, "cpu") is not None
+        }
+        most = 0
+        for fqn in order:
             if fqn in self._dtypes:
                 boxes = {(i[2], i[3]) for r, k, i in by_fqn[fqn] if r != me or k not in self._straight}
                 most = max(most, sum(aligned(nbytes(b[1], self._dtypes[fqn])) for b in boxes))
         slots = [torch.empty(most, dtype=torch.uint8), torch.empty(most, dtype=torch.uint8)]
-        on = device()
         sending: list[Any] = []
         reader = RegionReader(ckpt)
-        if self._seen is not None and _identity(self.path) != self._seen:  # replaced since the metadata was read
-            changed = errors.CorruptCheckpointError(f"{self.path}: changed while it was being loaded; load it again")
-            fail(changed, [], pending, on)
-            raise changed
 
         if not any(pending.values()):  # nothing to send: no thread to hand entries over
             for i, fqn in enumerate(order):
@@ -298,6 +307,37 @@ class CheckpointReader(StorageReader):
                     ahead.cancel()
                 fail(e, sending, pending, on)
                 raise
+
+
+def _region(item: ReadItem) -> tuple[int, ...]:
+    """Where an item's region starts in the stored tensor: its chunk's offset plus its offsets in
+    that chunk. Our metadata has one whole chunk per tensor, but a planner may plan against its
+    own (torch's ``DynamicMetaLoadPlanner``: each rank's shards, each read at ``storage_offsets`` 0)."""
+    base = item.storage_index.offset or ()
+    return tuple(b + o for b, o in zip(base, item.storage_offsets, strict=False)) or tuple(item.storage_offsets)
+
+
+def _outside(ckpt: Checkpoint, fqn: str, requests: list[_Request], path: Any) -> Exception | None:
+    """A one-line refusal when some rank asks for elements of ``fqn`` the checkpoint does not store."""
+    entry = ckpt.entries.get(fqn)
+    for r, _, (kind, _, offsets, lengths) in requests:
+        if entry is None or (kind == LoadItemType.TENSOR.value) != (entry.kind == "tensor"):
+            what = "nothing" if entry is None else "a tensor" if entry.kind == "tensor" else "a value"
+            asked = "a tensor" if kind == LoadItemType.TENSOR.value else "a value"
+            return DCPStudioError(f"{path}: rank {r} asks for {fqn!r} as {asked}; the checkpoint holds {what} there")
+        if entry.kind != "tensor":
+            continue
+        shape = tuple(entry.shape or ())
+        if (
+            len(offsets) != len(shape)
+            or len(lengths) != len(shape)
+            or any(o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, lengths, shape, strict=True))
+        ):
+            return DCPStudioError(
+                f"{path}: rank {r} asks for {fqn!r} {list(lengths)} at {list(offsets)}; the checkpoint stores "
+                f"a tensor of {list(shape)}"
+            )
+    return None
 
 
 def _identity(path: Path | None) -> tuple[Any, ...] | None:

@@ -32,6 +32,7 @@ def read_planned(
     import torch
     from torch.distributed.checkpoint.metadata import (
         ChunkStorageMetadata,
+        Metadata,
         MetadataIndex,
         TensorProperties,
         TensorStorageMetadata,
@@ -48,7 +49,7 @@ def read_planned(
         [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in chunks],
     )
     reader = DCPReader(path, trust_pickle=trust)
-    reader.storage_data = {
+    storage = {
         MetadataIndex(fqn, torch.Size(c.offsets)): SimpleNamespace(  # what DCPReader reads of an info
             relative_path=c.file or "",
             offset=c.offset or 0,
@@ -57,6 +58,7 @@ def read_planned(
         )
         for c in chunks
     }
+    reader.set_up_storage_reader(Metadata(state_dict_metadata={fqn: md}, storage_data=storage), True)
     box = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
     items = create_read_items_for_chunk_list(fqn, md, [box])
     reader.read_data(LoadPlan(items), RegionPlanner(target)).wait()

@@ -1,16 +1,16 @@
 """torch's own storage layer for DCP directories, made safe and fast: use these with
 ``torch.distributed.checkpoint.load`` / ``save``.
 
-:class:`DCPReader` and :class:`DCPWriter` subclass torch's ``FileSystemReader`` /
-``FileSystemWriter`` and keep their on-disk format. What they change:
+:class:`DCPReader` and :class:`DCPWriter` (:mod:`.dcp_writer`) subclass torch's
+``FileSystemReader`` / ``FileSystemWriter`` and keep their on-disk format. What the reader changes:
 
 * the ``.metadata`` pickle is read with an allow-list of DCP's metadata classes (no code from the
   file runs) with the cyclic GC paused, which is also several times faster;
 * a tensor chunk is read by parsing its small archive and reading the requested bytes straight
   into the destination tensor -- no ``torch.load`` of the chunk, no intermediate copy -- and only
   the byte range a request needs when the chunk is contiguous;
-* chunks are written with zlib CRCs (torch.save's miniz CRC runs at ~0.4 GB/s) while the next
-  tensor is already being read, so conversion runs at about disk speed.
+* a request is found in the stored chunks by where it lies in the tensor, so any planner's cut
+  (torch's ``DynamicMetaLoadPlanner`` plans against each rank's own shards) reads the right bytes.
 
 This module imports torch; :mod:`dcpstudio.core.formats.dcp` reads and writes the same format
 without it.
@@ -20,48 +20,31 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    ReadItem,
-    SavePlan,
-    SavePlanner,
-    WriteItem,
-    WriteItemType,
-)
-from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from .._files import file_size, member_path, open_member, read_regular
-from .._io import FileRange, contiguous_span, crc32, read_exact, swap_bytes, tensor_buffer
+from .._io import contiguous_span, read_exact, swap_bytes, tensor_buffer
 from .._pickle import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
-from .._pipeline import prefetch
 from .._remote import as_location, is_url
 from .._stand_ins import get_layout
-from ..dtypes import dtype_of
-from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
+from ..errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError, UnsupportedFormatError
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
-from .torchsave import write_tensor_archive
+from .dcp_transforms import undo_transforms
+from .dcp_writer import DCPWriter, storage_info
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "storage_info", "unwrap_error"]
 
 _VALUE_LIMIT = 256 << 20  # a compressed non-tensor value never decompresses to more
-
-
-def storage_info(relative_path: str, offset: int, length: int) -> Any:
-    """torch's private ``_StorageInfo``, built by keyword: its fields grew over releases (2.6 has
-    no ``transform_descriptors``), so it is never called positionally."""
-    return _StorageInfo(relative_path=relative_path, offset=offset, length=length)
+_Piece = tuple[MetadataIndex, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # chunk, at, lengths, into
 
 
 def unwrap_error(error: BaseException) -> BaseException:
@@ -120,11 +103,18 @@ class DCPReader(FileSystemReader):
     :class:`~dcpstudio.core.planners.SafeLoadPlanner` so those are unpickled safely too.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, trust_pickle: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], _extension_registry: Any = None, *, trust_pickle: bool = False
+    ) -> None:
+        """``_extension_registry``: torch's ``ExtensionRegistry`` of the caller's stream transforms
+        (as ``FileSystemReader`` takes it); without one, only the built-in zstd is undone."""
         super().__init__("." if is_url(path) else path)
         self.path: Any = as_location(path)  # torch's file system would turn "s3://b/x" into "s3:/b/x"
         self.trust_pickle = trust_pickle
+        self.extension_registry = _extension_registry
         self.bytes_read = 0
+        self._metadata = Metadata(state_dict_metadata={})
+        self._chunks: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}  # (fqn, offsets) -> sizes
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(None)
@@ -143,46 +133,124 @@ class DCPReader(FileSystemReader):
         return md
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
-            info = self._info(item)
-            per_file.setdefault(info.relative_path, []).append(item)
-        for relative_path, items in per_file.items():
+        """Each item's region is found in the stored chunks by ``storage_index.offset +
+        storage_offsets``, so a planner whose metadata cuts the tensor otherwise than the checkpoint
+        (torch's ``DynamicMetaLoadPlanner``: each rank's own shards) reads the right elements; a
+        region may span several chunks. An item is committed once its last piece is read."""
+        per_file: dict[str, list[tuple[int, int, _Piece]]] = {}
+        left = [0] * len(plan.items)
+        for k, item in enumerate(plan.items):
+            byte_item: list[_Piece] = [(item.storage_index, (), (), ())]
+            located = byte_item if item.type == LoadItemType.BYTE_IO else self._locate(item)
+            left[k] = len(located)
+            for piece in located:
+                info = self._info(piece[0])
+                per_file.setdefault(info.relative_path, []).append((info.offset, k, piece))
+        targets: dict[int, torch.Tensor] = {}
+        for k, n in enumerate(left):
+            if n == 0:  # nothing stored to read: an empty region
+                planner.commit_tensor(plan.items[k], self._target(plan.items[k], planner))
+        for relative_path, pieces in per_file.items():
             path = self.path / relative_path
             with open_member(self.path, relative_path, "DCP data file") as f:
-                for item in sorted(items, key=lambda i: self._info(i).offset):
-                    self._read_item(cast(IO[bytes], f), path, item, planner)
+                for _, k, piece in sorted(pieces, key=lambda p: p[0]):
+                    item = plan.items[k]
+                    if item.type == LoadItemType.BYTE_IO:
+                        self._read_item(cast(IO[bytes], f), path, item, piece, None, planner)
+                        continue
+                    target = targets.get(k)
+                    if target is None:
+                        target = targets[k] = self._target(item, planner)
+                    self._read_item(cast(IO[bytes], f), path, item, piece, target, planner)
+                    left[k] -= 1
+                    if not left[k]:
+                        planner.commit_tensor(item, targets.pop(k))
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _decoded_limit(self, item: ReadItem) -> int:
+    def _locate(self, item: ReadItem) -> list[_Piece]:
+        """The stored pieces of a tensor item's region: the chunk its ``storage_index`` names when
+        that chunk holds the whole region (the usual case), else every chunk the region meets."""
+        fqn = item.storage_index.fqn
+        smd = self._metadata.state_dict_metadata.get(fqn)
+        lengths = tuple(item.lengths)
+        base = tuple(item.storage_index.offset or (0,) * len(lengths))
+        start = tuple(b + o for b, o in zip(base, item.storage_offsets, strict=False))
+        size = tuple(smd.size) if isinstance(smd, TensorStorageMetadata) else None
+        if (
+            size is None
+            or not len(size) == len(base) == len(start) == len(lengths)
+            or any(a < 0 or n < 0 or a + n > d for a, n, d in zip(start, lengths, size, strict=True))
+        ):
+            stored = f"a tensor of {list(size)}" if size is not None else "no tensor"
+            raise DCPStudioError(
+                f"{self.path}: the load asks for {fqn!r} {lengths and list(lengths)} at {list(start)}; "
+                f"the checkpoint stores {stored} there"
+            )
+        if not all(lengths):
+            return []
+        own = self._chunks.get((fqn, base))
+        local = tuple(a - b for a, b in zip(start, base, strict=True))
+        if own is not None and all(o + n <= s for o, n, s in zip(local, lengths, own, strict=True)):
+            return [(item.storage_index, local, lengths, (0,) * len(lengths))]
+        assert isinstance(smd, TensorStorageMetadata)
+        pieces: list[_Piece] = []
+        for chunk in smd.chunks:
+            lo = [max(a, c) for a, c in zip(start, chunk.offsets, strict=True)]
+            hi = [min(a + n, c + s) for a, n, c, s in zip(start, lengths, chunk.offsets, chunk.sizes, strict=True)]
+            if all(x < y for x, y in zip(lo, hi, strict=True)):
+                at = tuple(x - c for x, c in zip(lo, chunk.offsets, strict=True))
+                into = tuple(x - a for x, a in zip(lo, start, strict=True))
+                n = tuple(y - x for x, y in zip(lo, hi, strict=True))
+                pieces.append((MetadataIndex(fqn, chunk.offsets), at, n, into))
+        return pieces
+
+    def _target(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor:
+        target = planner.resolve_tensor(item).detach()
+        if list(target.size()) != list(item.lengths):
+            raise CorruptCheckpointError(
+                f"{self.path}: request {list(item.lengths)} for {item.storage_index.fqn!r} does not fit target "
+                f"{list(target.size())}"
+            )
+        return target
+
+    def _decoded_limit(self, index: MetadataIndex) -> int:
         """The most a compressed item may decompress to: its chunk's bytes (plus the archive around
         them) for a tensor, 256 MiB for a value."""
-        md = getattr(self, "_metadata", None)
-        smd = md.state_dict_metadata.get(item.storage_index.fqn) if md is not None else None
-        if isinstance(smd, TensorStorageMetadata):
-            for chunk in smd.chunks:
-                if list(chunk.offsets) == list(item.storage_index.offset or ()):
-                    n = smd.properties.dtype.itemsize
-                    for s in chunk.sizes:
-                        n *= s
-                    return n + (1 << 20)
+        smd = self._metadata.state_dict_metadata.get(index.fqn)
+        sizes = self._chunks.get((index.fqn, tuple(index.offset or ())))
+        if isinstance(smd, TensorStorageMetadata) and sizes is not None:
+            n = smd.properties.dtype.itemsize
+            for s in sizes:
+                n *= s
+            return n + (1 << 20)
         return _VALUE_LIMIT
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata
+        self._chunks = {
+            (fqn, tuple(c.offsets)): tuple(c.sizes)
+            for fqn, smd in metadata.state_dict_metadata.items()
+            if isinstance(smd, TensorStorageMetadata)
+            for c in smd.chunks
+        }
 
-    def _info(self, item: ReadItem) -> _StorageInfo:
-        info = self.storage_data.get(item.storage_index)
+    def _info(self, index: MetadataIndex) -> _StorageInfo:
+        info = self.storage_data.get(index)
         if info is None:
-            raise CorruptCheckpointError(f"{self.path}: metadata has no storage entry for {item.storage_index.fqn}")
+            raise CorruptCheckpointError(f"{self.path}: metadata has no storage entry for {index.fqn}")
         return cast(_StorageInfo, info)
 
-    def _read_item(self, f: IO[bytes], path: Path, item: ReadItem, planner: LoadPlanner) -> None:
-        info = self._info(item)
-        label = f"{path} ({item.storage_index.fqn!r} at byte {info.offset})"
+    def _read_item(
+        self, f: IO[bytes], path: Path, item: ReadItem, piece: _Piece, target: torch.Tensor | None, planner: LoadPlanner
+    ) -> None:
+        """Read one piece: a byte item into the planner, or a region of a stored chunk (``piece``:
+        the chunk, the region's offsets in it and lengths, and where it lands in ``target``)."""
+        index, at, lengths, into = piece
+        info = self._info(index)
+        label = f"{path} ({index.fqn!r} at byte {info.offset})"
         source: IO[bytes] = f
         offset, length = info.offset, info.length
         if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
@@ -193,44 +261,46 @@ class DCPReader(FileSystemReader):
         if descriptors:
             raw = bytearray(length)
             read_exact(f, offset, memoryview(raw), label)
-            decoded = decode_item(descriptors, bytes(raw), label, self._decoded_limit(item))
+            limit = self._decoded_limit(index)
+            if self.extension_registry is not None:
+                decoded = undo_transforms(self.extension_registry, descriptors, bytes(raw), label, limit)
+            else:
+                decoded = decode_item(descriptors, bytes(raw), label, limit)
             source, offset, length = io.BytesIO(decoded), 0, len(decoded)
-        if item.type == LoadItemType.BYTE_IO:
+        if target is None:
             raw = bytearray(length)
             read_exact(source, offset, memoryview(raw), label)
             self.bytes_read += length
             planner.load_bytes(item, io.BytesIO(raw))
             return
-        chunk = open_chunk(source, offset, length, label, item.storage_index.fqn)
-        target = planner.resolve_tensor(item).detach()
-        if list(target.size()) != list(item.lengths):
-            raise CorruptCheckpointError(
-                f"{label}: request {list(item.lengths)} does not fit target {list(target.size())}"
-            )
+        chunk = open_chunk(source, offset, length, label, index.fqn)
+        dest = narrow_tensor_by_index(target, into, lengths)
         src = chunk.tensor
-        if len(item.storage_offsets) != len(src.shape) or any(
-            o + n > s for o, n, s in zip(item.storage_offsets, item.lengths, src.shape, strict=True)
-        ):
+        if len(at) != len(src.shape) or any(o + n > s for o, n, s in zip(at, lengths, src.shape, strict=True)):
             raise CorruptCheckpointError(
-                f"{label}: the stored chunk holds {list(src.shape)}; the metadata asks for {list(item.lengths)} "
-                f"at {list(item.storage_offsets)}"
+                f"{label}: the stored chunk holds {list(src.shape)}; the metadata asks for {list(lengths)} "
+                f"at {list(at)}"
             )
-        if src.dtype != target.dtype:
-            raise CorruptCheckpointError(f"{label}: the stored chunk is {src.dtype}, the metadata says {target.dtype}")
+        smd = self._metadata.state_dict_metadata[index.fqn]
+        assert isinstance(smd, TensorStorageMetadata)
+        if src.dtype != smd.properties.dtype:
+            raise CorruptCheckpointError(
+                f"{label}: the stored chunk is {src.dtype}, the metadata says {smd.properties.dtype}"
+            )
         span = None
         if (
             chunk.stored
             and not chunk.big_endian
             and src.is_contiguous()
-            and target.is_contiguous()
-            and src.dtype == target.dtype
-            and target.device.type == "cpu"
+            and dest.is_contiguous()
+            and src.dtype == dest.dtype
+            and dest.device.type == "cpu"
         ):
-            span = contiguous_span(src.shape, item.storage_offsets, item.lengths)
+            span = contiguous_span(src.shape, at, lengths)
         if span is not None:
             start = chunk.data_offset + (src.storage_offset + span[0]) * src.dtype.itemsize
-            read_exact(source, start, tensor_buffer(target), label)
-            self.bytes_read += target.numel() * target.element_size()
+            read_exact(source, start, tensor_buffer(dest), label)
+            self.bytes_read += dest.numel() * dest.element_size()
         else:
             assert src.storage is not None
             nbytes = src.storage.nbytes
@@ -245,88 +315,4 @@ class DCPReader(FileSystemReader):
             full = torch.empty(0, dtype=src.dtype.torch).set_(
                 buf.untyped_storage(), src.storage_offset, src.shape, src.stride
             )
-            target.copy_(narrow_tensor_by_index(full, item.storage_offsets, item.lengths))
-        planner.commit_tensor(item, target)
-
-
-class DCPWriter(FileSystemWriter):
-    """``FileSystemWriter`` that writes the same files faster and reports each item written.
-
-    Tensors are resolved one at a time (the next one is resolved on a helper thread while the
-    current one is written), so a planner that materialises tensors lazily keeps memory bounded
-    by a few tensors. ``on_item(nbytes, fqn)`` is called after each item; it may raise to cancel.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        on_item: Callable[[int, str], None] | None = None,
-        single_file_per_rank: bool = True,
-        sync_files: bool = True,
-        overwrite: bool = False,
-    ) -> None:
-        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files, overwrite=overwrite)
-        self.on_item = on_item
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        prefix = cast(_StoragePrefix, plan.storage_data).prefix
-        items = sorted(plan.items, key=lambda i: i.type != WriteItemType.BYTE_IO)
-        groups = [items] if self.single_file_per_rank else [[i] for i in items]
-        results: list[WriteResult] = []
-        for n, group in enumerate(groups):
-            if not group:
-                continue
-            file_name = f"{prefix}{n}.distcp"
-            results += self._write_file(Path(self.path) / file_name, file_name, group, planner)
-        fut: Future[list[WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
-
-    def _write_file(
-        self, path: Path, file_name: str, items: list[WriteItem], planner: SavePlanner
-    ) -> list[WriteResult]:
-        resolve_range = getattr(planner, "resolve_range", None)
-
-        def produce(item: WriteItem) -> Any:
-            """Runs on the prefetch thread: the item's bytes (and CRC), or where to copy them from."""
-            if item.type == WriteItemType.BYTE_IO:
-                return planner.resolve_data(item)
-            if resolve_range is not None:
-                found = resolve_range(item)
-                if found is not None:
-                    return found
-            tensor = cast(torch.Tensor, planner.resolve_data(item)).detach().cpu()
-            if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.nbytes:
-                tensor = tensor.contiguous() if not tensor.is_contiguous() else tensor.clone()
-            return tensor, crc32(tensor_buffer(tensor))
-
-        results = []
-        with open(path, "wb") as f:
-            for item, data in prefetch(produce, items):
-                offset = f.tell()
-                if item.type == WriteItemType.BYTE_IO:
-                    f.write(cast(io.BytesIO, data).getbuffer())
-                elif isinstance(data, FileRange):
-                    td = item.tensor_data
-                    assert td is not None
-                    dtype = dtype_of(td.properties.dtype)
-                    write_tensor_archive(f, dtype, tuple(td.size), data, label=f"{path} ({item.index.fqn})")
-                else:
-                    tensor, crc = data
-                    shape = tuple(tensor.shape)
-                    write_tensor_archive(f, dtype_of(tensor.dtype), shape, tensor_buffer(tensor), crc=crc)
-                length = f.tell() - offset
-                results.append(
-                    WriteResult(
-                        index=item.index,
-                        size_in_bytes=length,
-                        storage_data=storage_info(file_name, offset, length),
-                    )
-                )
-                if self.on_item is not None:
-                    self.on_item(length, item.index.fqn)
-            f.flush()
-            if self.sync_files:
-                os.fsync(f.fileno())
-        return results
+            dest.copy_(narrow_tensor_by_index(full, at, lengths))

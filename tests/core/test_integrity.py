@@ -129,11 +129,14 @@ def test_existing_destination_is_never_overwritten_silently(rich_pt: Path, tmp_p
     assert leftovers(tmp_path) == []
 
 
-def test_destination_that_contains_the_source_is_refused(rich_pt: Path, tmp_path: Path) -> None:
-    """``convert work/model.pt work --overwrite`` must not delete the folder holding the source."""
+def test_destination_that_contains_the_source_is_never_deleted(rich_pt: Path, tmp_path: Path) -> None:
+    """``convert work/model.pt work --overwrite`` must not delete the folder holding the source:
+    a DCP is written into it (tests/core/test_destinations.py), anything else is refused."""
+    data = rich_pt.read_bytes()
     with pytest.raises(DCPStudioError, match="contains the source"):
-        torch_save_to_dcp(rich_pt, rich_pt.parent, overwrite=True)
-    assert rich_pt.is_file()
+        convert(rich_pt, rich_pt.parent, to="safetensors", overwrite=True)
+    torch_save_to_dcp(rich_pt, rich_pt.parent, overwrite=True)
+    assert rich_pt.read_bytes() == data
 
 
 @pytest.mark.parametrize("direction", ["to_dcp", "to_torch"])
@@ -186,10 +189,11 @@ def test_include_exclude(rich_pt: Path, tmp_path: Path) -> None:
         torch_save_to_dcp(rich_pt, tmp_path / "e", include="(")
 
 
-def test_destination_inside_source_is_refused(rich_pt: Path, tmp_path: Path) -> None:
+def test_destination_that_is_a_file_of_the_source_is_refused(rich_pt: Path, tmp_path: Path) -> None:
+    """Inside a DCP folder a new file is allowed (as torch allows it); its own files are not."""
     torch_save_to_dcp(rich_pt, tmp_path / "d")
     with pytest.raises(DCPStudioError, match="inside"):
-        dcp_to_torch_save(tmp_path / "d", tmp_path / "d" / "x.pt")
+        dcp_to_torch_save(tmp_path / "d", tmp_path / "d" / "__0_0.distcp", overwrite=True)
 
 
 def test_unwritable_destination(rich_pt: Path, tmp_path: Path) -> None:
