@@ -408,7 +408,9 @@ _ = struct  # the byte layouts above are spelled out by hand
 
 # classes of later reviews, each in its own module (they build on the helpers above)
 from tests.reliability.attacks_fanout import ATTACKS_FANOUT  # noqa: E402
+from tests.reliability.attacks_metadata import ATTACKS_METADATA  # noqa: E402
 from tests.reliability.attacks_shapes import ATTACKS_SHAPES  # noqa: E402
 
 ATTACKS.update(ATTACKS_SHAPES)
 ATTACKS.update(ATTACKS_FANOUT)
+ATTACKS.update(ATTACKS_METADATA)
