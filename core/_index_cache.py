@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_BYTES", "cache_dir", "load", "source_key", "store"]
+__all__ = ["MAX_BYTES", "cache_dir", "identity", "load", "source_key", "store"]
 
 MAX_BYTES = 2 << 30  # total size of the cache folder, kept by evicting the least recently used
 _MAGIC = b"DCPSIDX\x01"
@@ -47,23 +47,32 @@ def cache_dir() -> Path:
     return Path(base) / "dcpstudio" / "index"
 
 
-def source_key(source: Any, kind: str, content: bytes, st: os.stat_result | None = None) -> dict[str, Any] | None:
+def source_key(
+    source: Any, kind: str, content: bytes, st: os.stat_result | None = None, *, before: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The key of ``content``, the bytes read from ``source`` through a descriptor whose status is ``st``
-    (None: stat'ed now). A remote object is known by its URL, size, modification time and ETag (None
-    without an ETag); None when ``source`` cannot be stat'ed."""
-    found = _identity(source, kind, st)
-    if found is not None:
-        found["sha256"] = hashlib.sha256(content).hexdigest()
-    return found
+    (None: stat'ed now): the file's identity and the SHA-256 of the bytes. A remote object is known by
+    its URL, size, modification time and ETag -- the store's own digest of its content, so its bytes
+    need not be fetched again to find a cached index -- as :func:`identity` gave ``before`` the read
+    and gives after it: an object replaced meanwhile, or without a strong ETag, has no key. None when
+    ``source`` cannot be stat'ed."""
+    found = identity(source, kind, st)
+    if found is None or isinstance(source, Path):
+        if found is not None:
+            found["sha256"] = hashlib.sha256(content).hexdigest()
+        return found
+    return found if found == before else None
 
 
-def _identity(source: Any, kind: str, st: os.stat_result | None = None) -> dict[str, Any] | None:
+def identity(source: Any, kind: str, st: os.stat_result | None = None) -> dict[str, Any] | None:
+    """What names ``source`` (see :func:`source_key`), without its content."""
     if not isinstance(source, Path):
         try:
             remote = source.stat()
         except Exception:
             return None
-        if not getattr(remote, "etag", ""):
+        etag = getattr(remote, "etag", "") or ""
+        if not etag or etag.startswith("W/"):  # a weak ETag does not name the bytes
             return None
         return {
             "kind": kind,
@@ -160,7 +169,7 @@ def store(
     be unwritable)."""
     if key is None:
         return False
-    now = _identity(source, key["kind"])
+    now = identity(source, key["kind"])
     if now is None or now != {k: v for k, v in key.items() if k != "sha256"}:
         return False
     folder = _folder(create=True)

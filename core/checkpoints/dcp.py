@@ -33,7 +33,6 @@ from .dcp_fast import Head
 from .dcp_metadata import (
     ambiguous,
     byte_size,
-    cached_index,
     check_head,
     check_stored,
     damaged_metadata,
@@ -76,9 +75,8 @@ class DCPCheckpoint(Checkpoint):
         self._building = threading.Lock()  # one thread builds the index; others asking wait for it
         self._refused: Exception | None = None
         # read once: the cache key, the parse here and the child's parse all come from these bytes
-        data, self._key = read_keyed(md_path, label)
+        data, self._key, cached = read_keyed(md_path, label)
         self._md_path = md_path
-        cached = cached_index(self._key)
         self._child = None  # a child process parsing the storage index meanwhile (two cores)
         self._taken: Any = None  # that child, while a thread waits for its result
         self._child_lock = threading.Lock()

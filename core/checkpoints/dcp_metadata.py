@@ -9,6 +9,7 @@ import contextlib
 import functools
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .. import _index_cache
@@ -53,12 +54,22 @@ IN_CHILD = False  # set in that child: parse in-process, store nothing
 _CACHE_KIND = "dcp-metadata"
 
 
-def read_keyed(md_path: Any, label: str) -> tuple[bytes, dict[str, Any] | None]:
-    """A ``.metadata``'s bytes and, when it is large enough to cache, the key of exactly those bytes
-    (the status of the descriptor they were read through, and their digest)."""
+def read_keyed(
+    md_path: Any, label: str
+) -> tuple[bytes, dict[str, Any] | None, tuple[DCPIndex, dict[str, Entry]] | None]:
+    """A ``.metadata``'s bytes, the cache key of exactly those bytes when it is large enough to cache
+    (the status of the descriptor they were read through, and their digest), and the index cached
+    under it. A remote object's cached index is found by its ETag before anything is fetched (then no
+    bytes are read: ``b""``)."""
+    before = None if isinstance(md_path, Path) else _index_cache.identity(md_path, _CACHE_KIND)
+    cached = cached_index(before)
+    if cached is not None:
+        return b"", before, cached
     data, st = read_with_stat(md_path, METADATA_LIMIT, label)
-    key = _index_cache.source_key(md_path, _CACHE_KIND, data, st) if len(data) > CACHE_ABOVE else None
-    return data, key
+    if len(data) <= CACHE_ABOVE:
+        return data, None, None
+    key = _index_cache.source_key(md_path, _CACHE_KIND, data, st, before=before)
+    return data, key, None if before is not None else cached_index(key)
 
 
 def same_metadata(head: Any, full: Any) -> bool:
