@@ -38,8 +38,7 @@ def _fake_load(reports: list[RankReport] | None = None, error: Exception | None 
     def run(path: Any, *, ranks: int, layout: str, mesh: Any, on_progress: Any, cancel: Any) -> list[RankReport]:
         for rank, stage, fraction in ((0, "planned", 0.1), (1, "planned", 0.1), (0, "loaded", 0.7), (1, "loaded", 0.7)):
             on_progress(RankProgress(rank, stage, fraction))
-            time.sleep(0.06)  # past the job's progress throttle
-        time.sleep(0.3)
+        time.sleep(0.3)  # the window shows the ranks at 70 % meanwhile
         if error is not None:
             raise error
         return reports or []
