@@ -66,7 +66,7 @@ class TreePane(QWidget):
             "4096), [*, 128], scalar"
         )
         self.pin_button = QToolButton()
-        self.pin_button.setText("📌")
+        self.pin_button.setText("Keep")  # an emoji pin is a box where no emoji font is installed
         self.pin_button.setCheckable(True)
         self.pin_button.setToolTip("Keep this filter when another checkpoint is opened")
         if settings is not None:
