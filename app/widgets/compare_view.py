@@ -285,11 +285,13 @@ class CompareView(QWidget):
             self._summarise(result[1])
 
         job = self.ctx.start("compare", work, done, lambda: self._set_busy(False), self._progress)
-        job.cancelled.connect(lambda: self._stopped(f"Cancelled after {self.model.rowCount():,} entries."))
-        job.errored.connect(lambda e: self._stopped(f"Not compared: {describe(e)}"))
+        job.cancelled.connect(lambda: self._stopped(a, f"Cancelled after {self.model.rowCount():,} entries."))
+        job.errored.connect(lambda e: self._stopped(a, f"Not compared: {describe(e)}"))
         return job
 
-    def _stopped(self, text: str) -> None:
+    def _stopped(self, a: Checkpoint, text: str) -> None:
+        if a is not self.ctx.checkpoint():
+            return  # cancelled because A was closed: the view is about another checkpoint now
         self.progress.reset()
         self.summary.setText(text)
 

@@ -105,11 +105,13 @@ class LoadPanel(QGroupBox):
             return run_load(path, ranks=ranks, layout=layout, mesh=mesh, on_progress=progress, cancel=cancel)
 
         job = self.ctx.start("load", work, self.show_reports, lambda: self.set_busy(False), self.rank_progress)
-        job.cancelled.connect(lambda: self._stopped("Cancelled; the ranks were stopped.", "cancelled"))
-        job.errored.connect(lambda e: self._stopped(f"Failed: {describe(e)}", "failed"))
+        job.cancelled.connect(lambda: self._stopped(ckpt, "Cancelled; the ranks were stopped.", "cancelled"))
+        job.errored.connect(lambda e: self._stopped(ckpt, f"Failed: {describe(e)}", "failed"))
         return job
 
-    def _stopped(self, text: str, how: str) -> None:
+    def _stopped(self, ckpt: Any, text: str, how: str) -> None:
+        if ckpt is not self.ctx.checkpoint():
+            return  # stopped because its checkpoint was closed: the panel is about another one now
         self.status.setText(text)
         for r, bar in enumerate(self.bars):
             stage = self._stages.get(r, "")

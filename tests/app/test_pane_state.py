@@ -66,8 +66,10 @@ def test_opening_another_checkpoint_resets_load_filter_goto_and_compare(
     window.compare_view.run(b)
     _finish(qtbot, window, "compare")
     assert window.compare_view.progress.text() == "100%"  # finished: not "0%"
+    window.load_panel.load()  # still running when b is opened: stopped, and says nothing about a
 
     _open(qtbot, window, b)
+    _finish(qtbot, window, "load")
     panel = window.load_panel
     assert panel.table.rowCount() == 0 and not panel.bars and panel.status.text() == ""
     assert window.filter_box.text() == "" and window.tree_pane.match_label.text() == "2 entries"
