@@ -79,7 +79,7 @@ class MainWindow(QMainWindow):
         )
         self.browser = FileBrowser(self.settings.last_dir())
         self.browser.activated.connect(self.open_path)
-        self.tree_pane = TreePane()
+        self.tree_pane = TreePane(self.settings)
         self.tree_pane.selection_changed.connect(self._selection_changed)
         self.tree_pane.context_requested.connect(lambda node, pos: entry_menu(self, node).exec(pos))
         self.tree_pane.copy_requested.connect(self._copy_node)
@@ -340,6 +340,7 @@ class MainWindow(QMainWindow):
             self.board.cancel(kind)  # they read the checkpoint about to be closed
         self.explorer.clear()
         self.compare_view.checkpoint_changed(ckpt)
+        self.load_panel.checkpoint_changed()
         old, self.ckpt = self.ckpt, ckpt
         if old is not None:
             old.close()

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTe
 
 from .locations import is_remote
 from .widgets.convert_panel import TARGETS
+from .widgets.message_log import MessageLog
 
 __all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_readme"]
 
@@ -74,6 +75,14 @@ def build_menus(w: Any) -> dict[str, QAction]:
     for n, (name, title) in enumerate((("details", "&Details"), ("values", "&Values"), ("compare_tab", "C&ompare")), 1):
         add(view, f"tab_{name}", title, lambda i=n - 1: w.show_view(i), f"Alt+{n}")
     add(view, "explore", "&Explore Values", w.explore_selected, "Ctrl+E", "Page through the selected tensor")
+    add(
+        view,
+        "messages",
+        "&Messages",
+        lambda: MessageLog.show_for(w.message_bar, w),
+        "Ctrl+Shift+M",
+        "Every message of this session, in full",
+    )
     view.addSeparator()
     columns = view.addMenu("Tree &Columns")
 

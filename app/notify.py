@@ -8,6 +8,7 @@ one line too, never as a traceback dialog.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import traceback
@@ -26,7 +27,36 @@ from dcpstudio.core import (
 
 from .widgets.message_bar import MessageBar
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "describe"]
+
+_CLASS_PREFIX = re.compile(r"\b[A-Z]\w*(?:Error|Exception): ")
+
+
+def describe(exc: BaseException, *, trust_offered: bool = False) -> str:
+    """The one line a user reads for ``exc`` -- in the status bar and in the pane that asked
+    (``trust_offered``: the message offers to open a refused pickle trusting it)."""
+    text = _CLASS_PREFIX.sub("", str(exc)) or type(exc).__name__  # a rank's error names its class: not news
+    if isinstance(exc, UnsafePickleError):
+        source = exc.source or "The file"
+        what = f"'{exc.what}'" if exc.what else "an object"
+        return (
+            f"Refused: {source} holds a pickle that refers to {what}, which could run code when loaded; "
+            "nothing from it was run."
+            + (" Trust the file only if you know where it comes from." if trust_offered else "")
+        )
+    if isinstance(exc, MissingClassError):
+        return f"Cannot load: {text}"
+    if isinstance(exc, CorruptCheckpointError):
+        return f"Damaged checkpoint: {text}"
+    if isinstance(exc, UnsupportedFormatError):
+        return text if "not a checkpoint" in text.lower() else f"Not readable: {text}"
+    if isinstance(exc, DestinationExistsError):
+        return f"Not written: {text}"
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "allocate" in str(exc)):
+        return "Not enough memory for this operation; close other programs or pick a smaller tensor."
+    if not isinstance(exc, (OSError, ValueError)) and type(exc).__module__.split(".")[0] != "dcpstudio":
+        return f"Unexpected {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return text
 
 
 class Notifier(QObject):
@@ -43,28 +73,7 @@ class Notifier(QObject):
 
     def error(self, exc: BaseException, actions: list[tuple[str, Callable[[], None]]] | None = None) -> None:
         self.last_error = exc
-        text = str(exc) or type(exc).__name__
-        if isinstance(exc, UnsafePickleError):
-            source = exc.source or "The file"
-            what = f"'{exc.what}'" if exc.what else "an object"
-            text = (
-                f"Refused: {source} holds a pickle that refers to {what}, which could run code when loaded; "
-                "nothing from it was run."
-                + (" Trust the file only if you know where it comes from." if actions else "")
-            )
-        elif isinstance(exc, MissingClassError):
-            text = f"Cannot load: {text}"
-        elif isinstance(exc, CorruptCheckpointError):
-            text = f"Damaged checkpoint: {text}"
-        elif isinstance(exc, UnsupportedFormatError):
-            text = text if "not a checkpoint" in text.lower() else f"Not readable: {text}"
-        elif isinstance(exc, DestinationExistsError):
-            text = f"Not written: {text}"
-        elif isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "allocate" in str(exc)):
-            text = "Not enough memory for this operation; close other programs or pick a smaller tensor."
-        elif not isinstance(exc, (OSError, ValueError)) and type(exc).__module__.split(".")[0] != "dcpstudio":
-            text = f"Unexpected {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
-        self.bar.show_message(text, "error", actions)
+        self.bar.show_message(describe(exc, trust_offered=bool(actions)), "error", actions)
 
     def install_hooks(self) -> None:
         """Route uncaught exceptions (GUI thread and other threads) here instead of stderr."""

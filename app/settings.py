@@ -47,6 +47,13 @@ class Settings:
     def last_dir(self) -> str:
         return str(self._s.value("last_dir", str(Path.home())))
 
+    def keep_filter(self) -> bool:
+        """Whether the tree's filter stays when another checkpoint is opened (off unless pinned)."""
+        return str(self._s.value("keep_filter", "false")).lower() == "true"
+
+    def set_keep_filter(self, keep: bool) -> None:
+        self._s.setValue("keep_filter", "true" if keep else "false")
+
     def geometry(self) -> QByteArray | None:
         value = self._s.value("geometry")
         return value if isinstance(value, QByteArray) else None

@@ -19,7 +19,9 @@ from typing import Any
 from dcpstudio.core import Entry, Node
 from dcpstudio.core.model import Totals, dtype_name
 
-__all__ = ["Aggregate", "EntryFilter", "Selection", "TreeIndex", "human_count", "totals_by_kind", "value_type"]
+from .kinds import value_type
+
+__all__ = ["Aggregate", "EntryFilter", "Selection", "TreeIndex", "human_count", "totals_by_kind"]
 
 
 def human_count(n: int) -> str:
@@ -31,16 +33,6 @@ def human_count(n: int) -> str:
             value = n / scale
             return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
     return str(n)
-
-
-def value_type(entry: Entry) -> str:
-    """What the Type column says of an entry: its dtype, or "value" (with the Python type when the
-    format has it at hand) -- a number saved by DCP and by torch.save reads the same."""
-    if entry.kind == "tensor":
-        return dtype_name(entry.dtype) or "tensor"
-    if entry.kind == "object" and entry.value is not None:
-        return f"value ({type(entry.value).__name__})"
-    return "value"
 
 
 @dataclass

@@ -20,7 +20,8 @@ from dcpstudio.core import Node
 from dcpstudio.core.model import printable
 from dcpstudio.core.report import human_bytes
 
-from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex, human_count, value_type
+from .kinds import value_type
+from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex, human_count
 
 __all__ = ["COLUMNS", "NODE_ROLE", "SORT_ROLE", "CheckpointTreeModel"]
 

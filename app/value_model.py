@@ -9,6 +9,8 @@ recent ones.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import threading
 from collections import OrderedDict
@@ -20,13 +22,36 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersisten
 from dcpstudio.core import Checkpoint
 from dcpstudio.core.slices import SliceSpec, read_window
 
-__all__ = ["TILE_COLS", "TILE_ROWS", "TileLoader", "ValueTableModel", "format_value"]
+__all__ = ["TILE_COLS", "TILE_ROWS", "TileLoader", "ValueTableModel", "csv_text", "format_value", "selection_csv"]
 
 TILE_ROWS, TILE_COLS = 64, 16
 _CACHE_TILES = 512
 _QUEUE = 48  # requests beyond this are dropped, oldest first: they scrolled out of view
 AnyIndex = QModelIndex | QPersistentModelIndex
 Tile = list[list[str]]
+
+
+def csv_text(rows: list[list[Any]]) -> str:
+    """Values as CSV, full precision (Python's shortest round-trip repr for floats)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        writer.writerow([repr(v) if isinstance(v, float) else v for v in row])
+    return out.getvalue()
+
+
+def selection_csv(
+    ckpt: Checkpoint, fqn: str, spec: SliceSpec, boxes: list[tuple[int, int, int, int]], cancel: Any
+) -> str:
+    """The values of ``boxes`` (row0, row1, col0, col1) of ``spec`` as CSV, one block each (on a worker)."""
+    parts = []
+    for r0, r1, c0, c1 in sorted(boxes):
+        cancel.check()
+        t = read_window(ckpt, fqn, spec, r0, r1, c0, c1)
+        if t.dtype.is_floating_point and t.dtype.itemsize < 4:
+            t = t.float()
+        parts.append(csv_text(t.tolist()))
+    return "\n".join(parts)
 
 
 def format_value(v: Any) -> str:

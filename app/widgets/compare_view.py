@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
+from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -35,6 +35,7 @@ from dcpstudio.core.slices import SliceSpec, read_window
 from ..compare_model import HIDDEN_AT_FIRST, ROW_ROLE, CompareModel, CompareProxy
 from ..context import Context
 from ..locations import accept_copy, dropped_locations, is_remote, name_of, shown
+from ..notify import describe
 from ..value_model import format_value
 from ..workers import Job
 
@@ -58,6 +59,16 @@ def side_values(ckpt: Checkpoint | None, fqn: str) -> tuple[list[list[str]], str
     cols = min(spec.n_cols, _SIDE[1])
     caption = f"{spec.label()} rows 0–{rows - 1}, columns 0–{cols - 1}" if entry.shape else "scalar"
     return [[format_value(v) for v in row] for row in t.tolist()], caption
+
+
+def side_cell(ndim: int, first: tuple[int, ...] | None) -> tuple[int, int] | None:
+    """The (row, column) of the side panes where the element at ``first`` shows (they show the
+    first two dimensions at index 0 of the others, numbered from 0 like the Values tab), or None
+    when it lies outside the values shown."""
+    if first is None or len(first) != ndim or any(first[2:]):
+        return None
+    row, col = (first[0] if ndim else 0), (first[1] if ndim > 1 else 0)
+    return (row, col) if row < _SIDE[0] and col < _SIDE[1] else None
 
 
 def _values_table() -> QTableWidget:
@@ -207,7 +218,7 @@ class CompareView(QWidget):
         self.run_button.setEnabled(not busy)
         self.cancel_button.setEnabled(busy)
         self.progress.setEnabled(busy)
-        if not busy:
+        if busy:
             self.progress.setValue(0)
 
     @property
@@ -222,6 +233,7 @@ class CompareView(QWidget):
         self.close_b()
         self.model.clear()
         self.summary.setText("")
+        self.progress.reset()  # no percentage: nothing compared with this checkpoint yet
         self.a_label.setText(f"A: {shown(ckpt.path)}" if ckpt is not None else "A: the open checkpoint")
         for t in (self.a_values, self.b_values):
             t.setRowCount(0)
@@ -269,12 +281,19 @@ class CompareView(QWidget):
             return other, rows
 
         def done(result: tuple[Checkpoint, list[Any]]) -> None:
+            self.progress.setValue(self.progress.maximum())
             self._summarise(result[1])
 
         job = self.ctx.start("compare", work, done, lambda: self._set_busy(False), self._progress)
-        job.cancelled.connect(lambda: self.summary.setText(f"Cancelled after {self.model.rowCount():,} entries."))
-        job.errored.connect(lambda e: self.summary.setText(f"Not compared: {e}"))
+        job.cancelled.connect(lambda: self._stopped(a, f"Cancelled after {self.model.rowCount():,} entries."))
+        job.errored.connect(lambda e: self._stopped(a, f"Not compared: {describe(e)}"))
         return job
+
+    def _stopped(self, a: Checkpoint, text: str) -> None:
+        if a is not self.ctx.checkpoint():
+            return  # cancelled because A was closed: the view is about another checkpoint now
+        self.progress.reset()
+        self.summary.setText(text)
 
     def _progress(self, p: Any) -> None:
         if isinstance(p, tuple) and len(p) == 2 and p[0] == "opened":
@@ -316,6 +335,10 @@ class CompareView(QWidget):
         def done(result: tuple[Any, Any]) -> None:
             if fqn != self.selected_fqn():
                 return
+            entry = a.entries.get(fqn) if a is not None else None
+            row = self.table.currentIndex().siblingAtColumn(0).data(ROW_ROLE)
+            first = getattr(row, "first_index", None)
+            mark = side_cell(len(entry.shape or ()), first) if entry is not None and entry.kind == "tensor" else None
             for (cells, caption), table, label, name in (
                 (result[0], self.a_values, self.a_caption, "A"),
                 (result[1], self.b_values, self.b_caption, "B"),
@@ -323,9 +346,16 @@ class CompareView(QWidget):
                 label.setText(f"{name}: {caption}")
                 table.setRowCount(len(cells))
                 table.setColumnCount(max((len(r) for r in cells), default=0))
-                for i, row in enumerate(cells):
-                    for j, text in enumerate(row):
+                table.setVerticalHeaderLabels([str(i) for i in range(table.rowCount())])
+                table.setHorizontalHeaderLabels([str(j) for j in range(table.columnCount())])
+                for i, cells_row in enumerate(cells):
+                    for j, text in enumerate(cells_row):
                         table.setItem(i, j, QTableWidgetItem(text))
+                item = table.item(*mark) if mark is not None else None
+                if item is not None:
+                    item.setBackground(QColor("#fde68a"))
+                    item.setToolTip(f"The first element outside the tolerance, at {list(first or ())}")
+                    table.scrollToItem(item)
 
         self.ctx.start("compare-values", work, done)
 

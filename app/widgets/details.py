@@ -32,9 +32,12 @@ from dcpstudio.core.model import Entry, Totals, dtype_name, printable, short_rep
 from dcpstudio.core.report import human_bytes
 
 from ..context import Context
+from ..kinds import kind_text
 from ..locations import is_remote, name_of
-from ..tree_filter import human_count, totals_by_kind, value_type
+from ..notify import describe
+from ..tree_filter import human_count, totals_by_kind
 from .drawing import ChunkDrawing, Histogram
+from .pane_error import PaneError
 
 __all__ = ["DetailsPanel", "Preview", "preview_values", "slice_label"]
 
@@ -141,6 +144,7 @@ class DetailsPanel(QStackedWidget):
         self.stats_label = QLabel()
         self.stats_label.setWordWrap(True)
         self.histogram = Histogram()
+        self.read_error = PaneError()
         entry = QWidget()
         lay = QVBoxLayout(entry)
         box = QGroupBox("Properties")
@@ -156,6 +160,7 @@ class DetailsPanel(QStackedWidget):
         head.addWidget(self.preview_caption, 1)
         head.addWidget(self.explore_button)
         vlay.addLayout(head)
+        vlay.addWidget(self.read_error)
         vlay.addWidget(self.preview)
         vlay.addWidget(self.stats_label)
         vlay.addWidget(self.histogram)
@@ -166,6 +171,7 @@ class DetailsPanel(QStackedWidget):
         self.scroll_area.setWidget(entry)
         self.addWidget(self.scroll_area)
         self.current: str | None = None
+        self._entry: Entry | None = None
         self._shown: tuple[Checkpoint, Node, dict[str, Totals] | None] | None = None  # the summary's tree
 
     def show_summary(
@@ -241,7 +247,15 @@ class DetailsPanel(QStackedWidget):
                 self.show_node(ckpt, node, resolved, keep_scroll=True)
             self.show_preview(fqn, values, stats)
 
-        self.ctx.start("preview", work, done)
+        job = self.ctx.start("preview", work, done)
+        job.errored.connect(lambda e: self._read_failed(fqn, e, lambda: self.show_selection(ckpt, node)))
+
+    def _read_failed(self, fqn: str, exc: BaseException, retry: Callable[[], None]) -> None:
+        """The values could not be read: said here, with Retry, instead of "reading…" for ever."""
+        if fqn == self.current:
+            self.preview_caption.setText("")
+            self.stats_label.setText("")
+            self.read_error.show_error(f"Not read: {describe(exc)}", retry)
 
     def _group_rows(self, node: Node, rows: list[list[Any]]) -> None:
         if self.current is None and self.prop_labels["Name"].text() == printable(node.path or node.name):
@@ -255,7 +269,7 @@ class DetailsPanel(QStackedWidget):
         self.setCurrentIndex(1)
         if not keep_scroll:
             self.scroll_area.verticalScrollBar().setValue(0)
-        self.current = e.fqn if e is not None else None
+        self.current, self._entry = (e.fqn if e is not None else None), e
         values = dict.fromkeys(self.prop_labels, "")
         values["Name"] = printable(node.path or node.name)
         agg = node.totals
@@ -264,7 +278,7 @@ class DetailsPanel(QStackedWidget):
             values["Elements"] = f"{agg.params:,} in its tensors"
             values["Size"] = human_bytes(agg.tensor_bytes)
         else:
-            values["Kind"] = "tensor" if e.kind == "tensor" else value_type(e)
+            values["Kind"] = kind_text(e)
             values["Dtype"] = dtype_name(e.dtype) or ""
             values["Shape"] = str(list(e.shape)) if e.shape is not None else ""
             if e.shard_of is not None:
@@ -297,6 +311,7 @@ class DetailsPanel(QStackedWidget):
         self.preview.clear()
         self.preview.setRowCount(0)
         self.preview.setColumnCount(0)
+        self.read_error.clear()
         self.preview_caption.setText("reading…" if e is not None else "")
         self.stats_label.setText("computing…" if e is not None and e.kind == "tensor" else "")
         self.histogram.set_data([], [])
@@ -345,7 +360,8 @@ class DetailsPanel(QStackedWidget):
             self.preview.setHorizontalHeaderLabels(["value"])
             _fill(self.preview, [[short_repr(values, 500)]])
             self.prop_labels["Value"].setText(short_repr(values, 400))
-            self.prop_labels["Kind"].setText(f"value ({type(values).__name__})")
+            if self._entry is not None:  # a 0-d tensor's preview is a number: it stays "tensor"
+                self.prop_labels["Kind"].setText(kind_text(self._entry, values))
             self.props.setRowVisible(self.prop_labels["Value"], True)
         if stats is None:
             self.stats_label.setText("")

@@ -99,11 +99,24 @@ class ChunkDrawing(QWidget):
         p.end()
 
 
+def count_ticks(top: int, most: int = 3) -> list[int]:
+    """Round, distinct counts from 0 up to ``top`` for a count axis: a step of 1, 2 or 5 times a power
+    of ten, at most ``most`` + 1 ticks -- never "1 / 0 / 0" for a small histogram."""
+    if top <= 0:
+        return [0]
+    scale = 1
+    while True:
+        for step in (scale, 2 * scale, 5 * scale):
+            if top // step <= most:
+                return list(range(0, top + 1, step))
+        scale *= 10
+
+
 class Histogram(QWidget):
     """Bars of a histogram with a count axis (left), a value axis (below) and, under the mouse,
     the bin's range and count."""
 
-    _LEFT, _BOTTOM, _TOP = 56.0, 20.0, 6.0
+    _BOTTOM, _TOP = 20.0, 6.0
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -117,11 +130,18 @@ class Histogram(QWidget):
         self.setToolTip("")
         self.update()
 
+    @property
+    def left_margin(self) -> float:
+        """Room for the widest count label (1,374,862 is never cut to 374,862)."""
+        widest = max(self.fontMetrics().horizontalAdvance(f"{t:,}") for t in count_ticks(max(self.counts, default=0)))
+        return max(40.0, widest + 12.0)
+
     def _plot(self) -> QRectF:
+        left = self.left_margin
         return QRectF(
-            self._LEFT,
+            left,
             self._TOP,
-            max(10.0, self.width() - self._LEFT - 8),
+            max(10.0, self.width() - left - 8),
             max(10.0, self.height() - self._TOP - self._BOTTOM),
         )
 
@@ -155,10 +175,10 @@ class Histogram(QWidget):
         p.drawLine(plot.bottomLeft(), plot.bottomRight())
         p.drawLine(plot.bottomLeft(), plot.topLeft())
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
-        for frac in (0.0, 0.5, 1.0):  # counts
-            y = plot.bottom() - plot.height() * frac
+        for tick in count_ticks(max(self.counts)):  # counts
+            y = plot.bottom() - plot.height() * tick / top
             p.drawLine(QPointF(plot.left() - 3, y), QPointF(plot.left(), y))
-            p.drawText(QRectF(0, y - 8, self._LEFT - 6, 16), right, f"{top * frac:,.0f}")
+            p.drawText(QRectF(0, y - 8, plot.left() - 6, 16), right, f"{tick:,}")
         lo, hi = self.edges[0], self.edges[-1]
         ticks = 4 if plot.width() >= 360 else 2  # labels never overlap
         for k in range(ticks + 1):  # values

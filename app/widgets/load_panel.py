@@ -1,5 +1,7 @@
 """ "Load on N ranks": spawn local ranks that load the open checkpoint into a sharded layout and
-check every shard; one progress bar per rank and the per-rank result table."""
+check every shard; one progress bar per rank and the per-rank result table. The status line follows
+the ranks; a failure is shown here, the bars stopped where they were, marked failed. Opening another
+checkpoint clears what was about the last one."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from dcpstudio.core.report import human_bytes
 
 from ..context import Context
 from ..locations import is_remote, location, shown
+from ..notify import describe
 from ..workers import Job
 
 __all__ = ["LoadPanel"]
@@ -78,6 +81,7 @@ class LoadPanel(QGroupBox):
         lay.addLayout(self.bars_box)
         lay.addWidget(self.status)
         lay.addWidget(self.table)
+        self._clear_bars()
         self.set_busy(False)
 
     def load(self) -> Job | None:
@@ -101,15 +105,38 @@ class LoadPanel(QGroupBox):
             return run_load(path, ranks=ranks, layout=layout, mesh=mesh, on_progress=progress, cancel=cancel)
 
         job = self.ctx.start("load", work, self.show_reports, lambda: self.set_busy(False), self.rank_progress)
-        job.cancelled.connect(lambda: self.status.setText("Cancelled; the ranks were stopped."))
-        job.errored.connect(lambda e: self.status.setText(f"Failed: {e}"))
+        job.cancelled.connect(lambda: self._stopped(ckpt, "Cancelled; the ranks were stopped.", "cancelled"))
+        job.errored.connect(lambda e: self._stopped(ckpt, f"Failed: {describe(e)}", "failed"))
         return job
 
-    def start(self, ranks: int) -> None:
+    def _stopped(self, ckpt: Any, text: str, how: str) -> None:
+        if ckpt is not self.ctx.checkpoint():
+            return  # stopped because its checkpoint was closed: the panel is about another one now
+        self.status.setText(text)
+        for r, bar in enumerate(self.bars):
+            stage = self._stages.get(r, "")
+            bar.setFormat(f"rank {r}: {how}" + (f" after {stage}" if stage else "") + " %p%")
+            bar.setProperty("failed", how == "failed")
+            bar.style().unpolish(bar)
+            bar.style().polish(bar)
+
+    def checkpoint_changed(self) -> None:
+        """The results shown are about the checkpoint just closed: gone, with its running load."""
+        self.ctx.board.cancel("load")
+        self._clear_bars()
+        self.table.setRowCount(0)
+        self.status.setText("")
+
+    def _clear_bars(self) -> None:
         for bar in self.bars:
             self.bars_box.removeWidget(bar)
             bar.deleteLater()
         self.bars = []
+        self._stages: dict[int, str] = {}
+        self._fractions: dict[int, float] = {}
+
+    def start(self, ranks: int) -> None:
+        self._clear_bars()
         for r in range(ranks):
             bar = QProgressBar()
             bar.setRange(0, 100)
@@ -128,6 +155,16 @@ class LoadPanel(QGroupBox):
         if 0 <= p.rank < len(self.bars):
             self.bars[p.rank].setValue(int(p.fraction * 100))
             self.bars[p.rank].setFormat(f"rank {p.rank}: {p.stage} %p%")
+            self._stages[p.rank], self._fractions[p.rank] = p.stage, p.fraction
+            stages = ", ".join(dict.fromkeys(self._stages[r] for r in sorted(self._stages)))
+            lo, hi = (round(f(self._fractions.values()) * 100) for f in (min, max))
+            waiting = len(self.bars) - len(self._stages)
+            self.status.setText(
+                f"{len(self.bars)} ranks at {lo} %"
+                + (f"–{hi} %" if hi != lo else "")
+                + f": {stages}"
+                + (f" ({waiting} not started yet)" if waiting else "")
+            )
 
     def show_reports(self, reports: list[Any]) -> None:
         self.table.setRowCount(len(reports))

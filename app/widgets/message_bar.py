@@ -2,14 +2,16 @@
 
 It sits in the status bar, which is always there, so a message never pushes the window's content
 around (a drop aimed at a button lands on the button). A long message is elided; the whole text
-is its tooltip and :meth:`MessageBar.text`.
+is its tooltip and :meth:`MessageBar.text`, and every message of the session is kept whole in
+:attr:`MessageBar.log` (View ▸ Messages shows it; ``logged`` announces each new line).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QWidget
 
@@ -38,8 +40,11 @@ class _ElidedLabel(QLabel):
 
 
 class MessageBar(QFrame):
+    logged = Signal(str)
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.log: list[str] = []
         self.setObjectName("messageBar")
         self.label = _ElidedLabel()
         self._layout = QHBoxLayout(self)
@@ -74,6 +79,9 @@ class MessageBar(QFrame):
         self._set_level(level)
         self.label.set_full_text(text)
         self._close.setVisible(True)
+        line = f"{time.strftime('%H:%M:%S')}  {'error' if level == 'error' else 'info '}  {text}"
+        self.log.append(line)
+        self.logged.emit(line)
 
     def _set_level(self, level: str) -> None:
         self.level = level

@@ -3,7 +3,8 @@
 The tree is populated lazily (:class:`~dcpstudio.app.tree_model.CheckpointTreeModel`, which also
 filters and sorts). The filter takes a name (substring, or
 a regular expression with ".*" pressed), a dtype and a shape; matches are expanded and shown bold,
-with "n of N entries" beside the filter. ``selection_changed`` fires when the selected row changes;
+with "n of N entries" beside the filter. Opening another checkpoint clears the filter unless the pin
+beside it is pressed (remembered in the settings). ``selection_changed`` fires when the selected row changes;
 ``context_requested(node, global_pos)`` when the user asks for an entry's menu.
 """
 
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import Checkpoint, Node
 
+from ..settings import Settings
 from ..tree_filter import EntryFilter, TreeIndex
 from ..tree_model import CHUNKS, COLUMNS, NAME, NODE_ROLE, PARAMS, SHAPE, SIZE, TYPE, CheckpointTreeModel
 
@@ -43,7 +45,7 @@ class TreePane(QWidget):
     context_requested = Signal(object, QPoint)
     copy_requested = Signal(object)  # the node whose full name Ctrl+C copies
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.filter_box = QLineEdit()
         self.filter_box.setPlaceholderText("Filter names…  (Ctrl+F)")
@@ -63,6 +65,13 @@ class TreePane(QWidget):
             "Only tensors of this shape: 4096 (any dimension is 4096), 4096x* (two dimensions, the first "
             "4096), [*, 128], scalar"
         )
+        self.pin_button = QToolButton()
+        self.pin_button.setText("Keep")  # an emoji pin is a box where no emoji font is installed
+        self.pin_button.setCheckable(True)
+        self.pin_button.setToolTip("Keep this filter when another checkpoint is opened")
+        if settings is not None:
+            self.pin_button.setChecked(settings.keep_filter())
+            self.pin_button.toggled.connect(settings.set_keep_filter)
         self.match_label = QLabel()
         self.match_label.setObjectName("matchLabel")
         self._debounce = QTimer(self)
@@ -101,6 +110,7 @@ class TreePane(QWidget):
         row.addWidget(self.regex_button)
         row.addWidget(self.dtype_box)
         row.addWidget(self.shape_box)
+        row.addWidget(self.pin_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(row)
@@ -109,12 +119,15 @@ class TreePane(QWidget):
         self.setTabOrder(self.filter_box, self.regex_button)
         self.setTabOrder(self.regex_button, self.dtype_box)
         self.setTabOrder(self.dtype_box, self.shape_box)
-        self.setTabOrder(self.shape_box, self.view)
+        self.setTabOrder(self.shape_box, self.pin_button)
+        self.setTabOrder(self.pin_button, self.view)
 
     # -- showing a checkpoint -----------------------------------------------------------------------
     def show_checkpoint(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
         """Show ``ckpt``'s tree (``index``: its :class:`TreeIndex`, when a worker built it already;
-        chunk counts are computed as rows are shown)."""
+        chunk counts are computed as rows are shown). The filter starts empty unless pinned."""
+        if not self.pin_button.isChecked():
+            self.reset_filter()
         counts: dict[str, int] = {}
 
         def chunk_count(fqn: str) -> int | None:
@@ -136,6 +149,19 @@ class TreePane(QWidget):
         self._fill_dtypes(self.model.tree)
         self.view.setColumnHidden(CHUNKS, not self.model.tree.sharded)  # shown when a tensor is in pieces
         self.apply_filter()
+
+    def reset_filter(self) -> None:
+        """Every filter field back to "show all", without filtering meanwhile."""
+        fields = (self.filter_box, self.regex_button, self.dtype_box, self.shape_box)
+        for w in fields:
+            w.blockSignals(True)
+        self.filter_box.clear()
+        self.regex_button.setChecked(False)
+        self.dtype_box.setCurrentIndex(0)
+        self.shape_box.clear()
+        for w in fields:
+            w.blockSignals(False)
+        self._debounce.stop()
 
     def clear(self) -> None:
         """Show no checkpoint (the one shown was closed)."""

@@ -4,8 +4,6 @@ slice, copying a selection as CSV and exporting the tensor to ``.npy`` / ``.pt``
 
 from __future__ import annotations
 
-import csv
-import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,27 +26,20 @@ from PySide6.QtWidgets import (
 from dcpstudio.core import Checkpoint
 from dcpstudio.core.model import dtype_name, printable
 from dcpstudio.core.report import human_bytes
-from dcpstudio.core.slices import SliceSpec, SliceSummary, read_window, summarise_slice
+from dcpstudio.core.slices import SliceSpec, SliceSummary, summarise_slice
 
 from ..context import Context
 from ..locations import is_remote
-from ..value_model import TileLoader, ValueTableModel, tile_texts
+from ..notify import describe
+from ..value_model import TileLoader, ValueTableModel, csv_text, selection_csv, tile_texts
 from ..workers import Job
 from .drawing import Heatmap, Histogram
+from .pane_error import PaneError
 
 __all__ = ["COPY_LIMIT", "ValueExplorer", "csv_text"]
 
 COPY_LIMIT = 1_000_000  # values copied at once; more belongs in an export
 _AUTO_SUMMARY = 16 << 20  # slices up to this size are summarised as soon as they are shown
-
-
-def csv_text(rows: list[list[Any]]) -> str:
-    """Values as CSV, full precision (Python's shortest round-trip repr for floats)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for row in rows:
-        writer.writerow([repr(v) if isinstance(v, float) else v for v in row])
-    return out.getvalue()
 
 
 class ValueExplorer(QWidget):
@@ -145,6 +136,8 @@ class ValueExplorer(QWidget):
         lay = QVBoxLayout(self)
         lay.addWidget(self.title)
         lay.addLayout(dims)
+        self.read_error = PaneError()
+        lay.addWidget(self.read_error)
         lay.addWidget(split, 1)
         lay.addLayout(actions)
         self._set_busy(False)
@@ -155,6 +148,7 @@ class ValueExplorer(QWidget):
         for w in (self.rows_box, self.cols_box, self.goto_row, self.goto_col, self.copy_button, self.export_button):
             w.setEnabled(on)
         self.summary_button.setEnabled(on)
+        self.read_error.clear()
 
     def _set_busy(self, busy: bool) -> None:
         self.progress.setEnabled(busy)
@@ -177,6 +171,7 @@ class ValueExplorer(QWidget):
             old.deleteLater()
         self.title.setText("Select a tensor, then Explore values (Ctrl+E).")
         self.slice_label.setText("")
+        self._show_goto(0, 0)  # another tensor's coordinates mean nothing here
         self._set_summary(None)
         self._enable(False)
 
@@ -210,7 +205,7 @@ class ValueExplorer(QWidget):
         )
         old = self.model
         self.model = ValueTableModel(spec, self.loader, self)
-        self.model.failed = lambda e: self.ctx.notifier.error(e)
+        self.model.failed = self._failed
         self.table.setModel(self.model)
         if old is not None:
             old.deleteLater()
@@ -221,6 +216,7 @@ class ValueExplorer(QWidget):
         self.goto_row.setRange(0, max(0, spec.n_rows - 1))
         self.goto_col.setRange(0, max(0, spec.n_cols - 1))
         self._set_summary(None)
+        self.read_error.clear()
         entry = ckpt.tensor_entry(fqn)
         itemsize = entry.dtype.itemsize if entry.dtype is not None else 1
         if spec.n_rows * spec.n_cols * itemsize <= _AUTO_SUMMARY:
@@ -274,7 +270,10 @@ class ValueExplorer(QWidget):
         index = self.model.index(min(row, self.model.rowCount() - 1), min(col, self.model.columnCount() - 1))
         self.table.scrollTo(index, QTableView.ScrollHint.PositionAtCenter)
         self.table.setCurrentIndex(index)
-        for box, value in ((self.goto_row, index.row()), (self.goto_col, index.column())):
+        self._show_goto(index.row(), index.column())
+
+    def _show_goto(self, row: int, col: int) -> None:
+        for box, value in ((self.goto_row, row), (self.goto_col, col)):
             box.blockSignals(True)  # show where we are without jumping again
             box.setValue(value)
             box.blockSignals(False)
@@ -310,7 +309,26 @@ class ValueExplorer(QWidget):
 
         job = self.ctx.start(self._kind("summary"), work, done, lambda: self._set_busy(False), self._progress)
         job.cancelled.connect(lambda: self.summary_label.setText("Summary cancelled."))
+        job.errored.connect(lambda e: self._failed(e, spec))
         return job
+
+    def _reread(self, summary: bool) -> None:
+        """Read the slice again, tiles and all (a file put back serves both), and its summary."""
+        if self.spec is not None:
+            self.set_spec(self.spec)  # which summarises a small slice itself
+            if summary and not self.cancel_button.isEnabled():
+                self.summarise()
+
+    def _failed(self, exc: BaseException, spec: SliceSpec | None = None) -> None:
+        """A tile's read failed, or (``spec``) the summary's: said above the table, with Retry."""
+        if spec is None:
+            self.ctx.notifier.error(exc)  # a tile's failure reaches no job board: logged here
+        elif spec == self.spec:
+            self.summary_label.setText("")
+        else:
+            return  # about a slice no longer shown
+        what = "Values not read" if spec is None else "Not summarised"
+        self.read_error.show_error(f"{what}: {describe(exc)}", lambda: self._reread(spec is not None))
 
     def _progress(self, p: Any) -> None:
         self.progress.setValue(int(p.fraction * 1000))
@@ -338,14 +356,7 @@ class ValueExplorer(QWidget):
         ckpt, fqn, spec = self.ckpt, self.fqn, self.spec
 
         def work(progress: Any, cancel: Any) -> tuple[str, int]:
-            parts = []
-            for r0, r1, c0, c1 in sorted(boxes):
-                cancel.check()
-                t = read_window(ckpt, fqn, spec, r0, r1, c0, c1)
-                if t.dtype.is_floating_point and t.dtype.itemsize < 4:
-                    t = t.float()
-                parts.append(csv_text(t.tolist()))
-            return "\n".join(parts), cells
+            return selection_csv(ckpt, fqn, spec, boxes, cancel), cells
 
         def done(result: tuple[str, int]) -> None:
             text, n = result

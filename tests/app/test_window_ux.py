@@ -383,8 +383,8 @@ def test_histogram_has_axes_and_counts(qtbot: Any) -> None:
     qtbot.waitExposed(h)
     h.set_data([0.0, 1.0, 2.0, 3.0, 4.0], [5, 50, 500, 7])
     image = h.grab().toImage()
-    assert image.pixelColor(int(h._LEFT), 80).name() != image.pixelColor(2, 2).name()  # the count axis
-    x = h._LEFT + (400 - h._LEFT - 8) * 2.5 / 4
+    assert image.pixelColor(int(h.left_margin), 80).name() != image.pixelColor(2, 2).name()  # the count axis
+    x = h.left_margin + (400 - h.left_margin - 8) * 2.5 / 4
     assert h.bin_at(x) == 2
     QTest.mouseMove(h, QPoint(int(x), 80))
     qtbot.waitUntil(lambda: h.toolTip() != "", timeout=2000)
@@ -440,7 +440,7 @@ def test_find_inspect_slice_compare_and_convert_with_the_keyboard_only(
     assert window.filter_box.hasFocus()
     QTest.keyClicks(window.filter_box, "layers.7.w3")
     qtbot.waitUntil(lambda: window.tree_pane.match_label.text() == "1 of 1,000 entries match", timeout=5000)
-    keys(*[Qt.Key.Key_Tab] * 4)  # past .*, dtype and shape to the tree
+    keys(*[Qt.Key.Key_Tab] * 5)  # past .*, dtype, shape and the filter pin to the tree
     assert window.tree.hasFocus()
     keys(Qt.Key.Key_Down, Qt.Key.Key_Down, Qt.Key.Key_Down)  # layers, 7, w3
     assert window.selected_node().path == "layers.7.w3"
