@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import IO
 
 from .._remote_io import OffsetReader
+from .._units import human_bytes
 from ..errors import CorruptCheckpointError
 from ._zip import ZipRecord, inflate
 
@@ -65,16 +66,11 @@ class Inflated:
 
     def _inflate(self, rec: ZipRecord, limit: int, sink: Callable[[bytes], object]) -> None:
         with self._lock:
-            if rec.size > limit:
-                raise CorruptCheckpointError(
-                    f"{self._label}: record {rec.name} declares {rec.size} bytes inflated; at most {limit} fit "
-                    "where it goes"
-                )
             if self._budget is not None and rec.name not in self._charged:
                 if rec.size > self._budget:
                     raise CorruptCheckpointError(
-                        f"{self._label}: its deflated records inflate to more than the {self._total} bytes a value "
-                        "may hold"
+                        f"{self._label}: its deflated records would inflate to more than the "
+                        f"{human_bytes(self._total or 0)} a value may hold"
                     )
                 self._charged.add(rec.name)
                 self._budget -= rec.size

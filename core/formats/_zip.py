@@ -9,6 +9,7 @@ them) is inflated in bounded blocks, never past what its reader has room for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zipfile
@@ -18,6 +19,7 @@ from typing import IO, Any
 
 from .._remote import RemoteFile
 from .._remote_io import OffsetReader
+from .._units import human_bytes
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 __all__ = ["FileView", "ZipDirectory", "ZipRecord", "inflate", "read_zip_records"]
@@ -137,25 +139,41 @@ class ZipDirectory:
             raise _bad(self.label, f"its {what} lies past the end")
         return bytes(buf)
 
-    def _walk(self) -> Iterator[tuple[str, tuple[int, ...], bytes]]:
-        """Each entry's name, fixed fields and extra field, in directory order (read in blocks)."""
+    def _walk(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, tuple[int, ...], bytes]]:
+        """The name, fixed fields and extra field of each entry (or of each named one, its raw
+        name matched without decoding the others: a walk of millions costs about a second), in
+        directory order, the directory read in blocks."""
+        by_flag: tuple[dict[bytes, str], dict[bytes, str]] | None = None
+        if names is not None:
+            by_flag = ({}, {})  # the names as entries without and with the UTF-8 flag spell them
+            for wanted in names:
+                by_flag[1][wanted.encode()] = wanted
+                with contextlib.suppress(UnicodeEncodeError):
+                    by_flag[0][wanted.encode("cp437")] = wanted
+        unpack, fixed = _CENTRAL.unpack_from, _CENTRAL.size
         buf, at, pos = self._head, 0, self._start + len(self._head)  # the first block is read once
         for _ in range(self.count):
-            if len(buf) - at < _CENTRAL.size:
-                buf, at, pos = self._more(buf, at, pos, _CENTRAL.size)
-            fields = _CENTRAL.unpack_from(buf, at)
+            if len(buf) - at < fixed:
+                buf, at, pos = self._more(buf, at, pos, fixed)
+            fields = unpack(buf, at)
             if fields[0] != 0x02014B50:
                 raise _bad(self.label, "damaged central directory entry")
-            n, e = fields[10], fields[11]
-            total = _CENTRAL.size + n + e + fields[12]
+            n = fields[10]
+            total = fixed + n + fields[11] + fields[12]
             if len(buf) - at < total:
                 buf, at, pos = self._more(buf, at, pos, total)
-            raw = buf[at + _CENTRAL.size : at + _CENTRAL.size + n]
-            try:
-                name = raw.decode("utf-8" if fields[3] & 0x800 else "cp437")
-            except UnicodeDecodeError as err:
-                raise _bad(self.label, f"an entry name is not UTF-8 ({err})") from err
-            yield name, fields, buf[at + _CENTRAL.size + n : at + _CENTRAL.size + n + e]
+            raw = buf[at + fixed : at + fixed + n]
+            utf8 = fields[3] & 0x800
+            name: str | None = None
+            if by_flag is None:
+                try:
+                    name = raw.decode("utf-8" if utf8 else "cp437")
+                except UnicodeDecodeError as err:
+                    raise _bad(self.label, f"an entry name is not UTF-8 ({err})") from err
+            else:
+                name = by_flag[1 if utf8 else 0].get(raw)
+            if name is not None:
+                yield name, fields, buf[at + fixed + n : at + fixed + n + fields[11]]
             at += total
 
     def _more(self, buf: bytes, at: int, pos: int, need: int) -> tuple[bytes, int, int]:
@@ -167,10 +185,8 @@ class ZipDirectory:
     def find(self, names: Iterable[str]) -> dict[str, ZipRecord]:
         """The records of those of ``names`` the archive holds; a name listed twice is refused
         (which of the two a reader takes is up to the reader)."""
-        wanted, found = set(names), {}
-        for name, fields, extra in self._walk():
-            if name not in wanted:
-                continue
+        found: dict[str, ZipRecord] = {}
+        for name, fields, extra in self._walk(names):
             if name in found:
                 raise CorruptCheckpointError(f"{self.label}: the ZIP directory lists {name} twice")
             found[name] = self._record(name, fields, extra)
@@ -241,7 +257,8 @@ def inflate(view: OffsetReader, rec: ZipRecord, label: str, limit: int, sink: Ca
         )
     if rec.size > limit:
         raise CorruptCheckpointError(
-            f"{label}: record {rec.name} declares {rec.size} bytes inflated; at most {limit} fit where it goes"
+            f"{label}: record {rec.name} would inflate to {human_bytes(rec.size)}, more than the "
+            f"{human_bytes(limit)} it may hold"
         )
     d = zlib.decompressobj(-zlib.MAX_WBITS)
     pos, end = rec.data_offset, rec.data_offset + rec.packed

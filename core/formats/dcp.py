@@ -31,7 +31,7 @@ from .._tensor_io import Payload
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import FileView, read_zip_records
-from .torchsave import write_archive, write_tensor_archive
+from .torchsave import CHUNK_MEMBERS, write_archive, write_tensor_archive
 
 __all__ = [
     "METADATA_FILE",
@@ -47,6 +47,7 @@ __all__ = [
 METADATA_FILE = ".metadata"
 METADATA_LIMIT = 2 << 30  # a .metadata larger than this is refused before it is read
 _ZSTD = "stream.zstd/1"
+_BLOCK = 1 << 20  # bytes decompressed at a time
 
 
 def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
@@ -63,7 +64,8 @@ def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
 
 def decode_item(descriptors: Sequence[str] | None, raw: bytes, label: str, limit: int) -> bytes:
     """Undo the stream transforms torch's writer applied to an item (zstd compression), producing
-    at most ``limit`` bytes."""
+    at most ``limit`` bytes: decompressed in blocks of 1 MiB, refused as soon as it outgrows that
+    (the caller derives ``limit`` from what the item declares: its chunk's bytes, or a value's limit)."""
     if not descriptors:
         return raw
     for descriptor in reversed(list(descriptors)):
@@ -71,13 +73,19 @@ def decode_item(descriptors: Sequence[str] | None, raw: bytes, label: str, limit
             raise UnsupportedFormatError(f"{label}: stored with the unknown transform {descriptor!r}")
         import zstandard
 
+        out = bytearray()
         try:
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
-                raw = reader.read(limit + 1)
+                while piece := reader.read(min(_BLOCK, limit + 1 - len(out))):
+                    out += piece
+                    if len(out) > limit:
+                        raise CorruptCheckpointError(
+                            f"{label}: decompresses to more than the {limit} bytes it can hold"
+                        )
         except zstandard.ZstdError as e:
             raise CorruptCheckpointError(f"{label}: damaged zstd data ({e})") from e
-        if len(raw) > limit:
-            raise CorruptCheckpointError(f"{label}: decompresses to more than the {limit} bytes it can hold")
+        raw = bytes(out)
+        del out
     return raw
 
 
@@ -157,7 +165,7 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | No
     read_exact(f, offset, memoryview(head), label, within)
     if fqn is not None and head[:2] != b"PK" and head[8:9] == b"{":
         return _safetensors_chunk(f, offset, label, fqn)
-    records = read_zip_records(f, label, offset, length)
+    records = read_zip_records(f, label, offset, length, max_entries=CHUNK_MEMBERS)
     pickles = [n for n in records if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pickles) != 1:
         raise CorruptCheckpointError(f"{label}: tensor chunk without a data.pkl")

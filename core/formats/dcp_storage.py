@@ -51,11 +51,9 @@ from .._stand_ins import get_layout
 from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
-from .torchsave import write_tensor_archive
+from .torchsave import VALUE_LIMIT, write_tensor_archive
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "storage_info", "unwrap_error"]
-
-_VALUE_LIMIT = 256 << 20  # a compressed non-tensor value never decompresses to more
 
 
 def storage_info(relative_path: str, offset: int, length: int) -> Any:
@@ -168,7 +166,7 @@ class DCPReader(FileSystemReader):
                     for s in chunk.sizes:
                         n *= s
                     return n + (1 << 20)
-        return _VALUE_LIMIT
+        return VALUE_LIMIT
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)

@@ -35,6 +35,7 @@ from ._zip import ZipDirectory, ZipRecord
 from ._zip_writer import ZipWriter
 
 __all__ = [
+    "CHUNK_MEMBERS",
     "PICKLE_LIMIT",
     "VALUE_LIMIT",
     "TorchSaveFile",
@@ -48,6 +49,7 @@ __all__ = [
 PICKLE_LIMIT = 64 << 20  # a deflated data.pkl inflates to at most this (torch.save stores it as it is)
 VALUE_LIMIT = 256 << 20  # all a compressed non-tensor value (an archive in memory) inflates to
 _FIXED_MEMBERS = 32  # records besides the storages: data.pkl, version, byteorder, ... and some slack
+CHUNK_MEMBERS = 1 + _FIXED_MEMBERS  # the most records a DCP tensor chunk's archive (one storage) may list
 
 _SWAP_CODES = {2: "H", 4: "I", 8: "Q"}
 

@@ -405,3 +405,7 @@ ATTACKS: dict[str, Callable[[Path, random.Random], Attack]] = {
 }
 
 _ = struct  # the byte layouts above are spelled out by hand
+
+from tests.reliability import attacks_zip  # noqa: E402 - it builds on the blocks above
+
+ATTACKS.update(attacks_zip.ATTACKS_ZIP)
