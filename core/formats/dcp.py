@@ -47,7 +47,6 @@ __all__ = [
 METADATA_FILE = ".metadata"
 METADATA_LIMIT = 2 << 30  # a .metadata larger than this is refused before it is read
 _ZSTD = "stream.zstd/1"
-_BLOCK = 1 << 20  # bytes decompressed at a time
 
 
 def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
@@ -64,8 +63,12 @@ def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
 
 def decode_item(descriptors: Sequence[str] | None, raw: bytes, label: str, limit: int) -> bytes:
     """Undo the stream transforms torch's writer applied to an item (zstd compression), producing
-    at most ``limit`` bytes: decompressed in blocks of 1 MiB, refused as soon as it outgrows that
-    (the caller derives ``limit`` from what the item declares: its chunk's bytes, or a value's limit)."""
+    at most ``limit`` bytes (the caller derives it from what the item declares: its chunk's bytes,
+    or a value's limit); refused as soon as the output outgrows it.
+
+    The stream is decompressed by one bounded read: zstandard fills a buffer of ``limit + 1``
+    bytes as it goes, and the untouched part of it never becomes memory, so the result is held
+    once (reading it in blocks and joining them would hold it twice)."""
     if not descriptors:
         return raw
     for descriptor in reversed(list(descriptors)):
@@ -73,19 +76,13 @@ def decode_item(descriptors: Sequence[str] | None, raw: bytes, label: str, limit
             raise UnsupportedFormatError(f"{label}: stored with the unknown transform {descriptor!r}")
         import zstandard
 
-        out = bytearray()
         try:
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
-                while piece := reader.read(min(_BLOCK, limit + 1 - len(out))):
-                    out += piece
-                    if len(out) > limit:
-                        raise CorruptCheckpointError(
-                            f"{label}: decompresses to more than the {limit} bytes it can hold"
-                        )
+                raw = reader.read(limit + 1)
         except zstandard.ZstdError as e:
             raise CorruptCheckpointError(f"{label}: damaged zstd data ({e})") from e
-        raw = bytes(out)
-        del out
+        if len(raw) > limit:
+            raise CorruptCheckpointError(f"{label}: decompresses to more than the {limit} bytes it can hold")
     return raw
 
 

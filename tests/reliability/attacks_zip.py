@@ -7,6 +7,7 @@ torch.save stores every record as it is, so these archives are built by hand (te
 
 from __future__ import annotations
 
+import io
 import random
 import struct
 from collections.abc import Callable
@@ -83,9 +84,32 @@ def zip_directory_bomb(work: Path, rng: random.Random) -> Attack:
     return Attack(path, EVERY, secret=None, note=f"{how} {name.decode()}")
 
 
+def _zstd_zeros(size: int, head: bytes = b"") -> bytes:
+    import zstandard
+
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as writer:
+        writer.write(head)
+        for _ in range(size // MIB):
+            writer.write(bytes(MIB))
+    return out.getvalue()
+
+
+def dcp_zstd_bomb(work: Path, rng: random.Random) -> Attack:
+    """A DCP item compressed the way torch's ZStandard extension does, that decompresses to 768 MiB:
+    a byte item, a tensor chunk (declaring a few bytes), or a small byte item whose archive inside
+    holds the deflated data.pkl bomb."""
+    how = rng.choice(["value", "tensor", "value-of-deflated-pickle"])
+    ckpt = _dcp(work / "ckpt")
+    payload = _zstd_zeros(0, _pickle_bomb(rng)[0]) if how == "value-of-deflated-pickle" else _zstd_zeros(BOMB)
+    _replace_byte_item(ckpt, "model.b" if how == "tensor" else "step", payload, ["stream.zstd/1"])
+    return Attack(ckpt, VALUES, secret=None, note=how)
+
+
 ATTACKS_ZIP: dict[str, Callable[[Path, random.Random], Attack]] = {
     "zip-pickle-bomb": zip_pickle_bomb,
     "zip-value-bomb": zip_value_bomb,
     "zip-storage-bomb": zip_storage_bomb,
     "zip-directory-bomb": zip_directory_bomb,
+    "dcp-zstd-bomb": dcp_zstd_bomb,
 }
