@@ -25,7 +25,7 @@ from ..errors import CorruptCheckpointError, UnsafePickleError
 from ..formats.dcp import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
-from ..formats.torchsave import TorchSaveFile
+from ..formats.torchsave import VALUE_LIMIT, TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 from .dcp_children import build_in_child, cancel_child, finish_child, index_in_child, parse_in_child, stop_child
@@ -50,8 +50,6 @@ from .dcp_metadata import (
 from .dcp_planned import read_planned
 
 __all__ = ["DCPCheckpoint"]
-
-_VALUE_LIMIT = 1 << 30  # a non-tensor value never decompresses to more than this
 
 
 class DCPCheckpoint(Checkpoint):
@@ -345,7 +343,7 @@ class DCPCheckpoint(Checkpoint):
         if entry.kind == "tensor":
             return self.tensor_ref(fqn)
         (c,) = self.chunks(fqn)
-        f, offset, length, label = self._item_bytes(c, fqn, _VALUE_LIMIT)
+        f, offset, length, label = self._item_bytes(c, fqn, VALUE_LIMIT)
         raw = _read(f, offset, length, label)
         archive = TorchSaveFile(io.BytesIO(raw), trust_pickle=self._trust, label=label)
         return archive.obj

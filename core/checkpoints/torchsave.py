@@ -123,20 +123,20 @@ class TorchCheckpoint(Checkpoint):
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         """A region of a tensor whose bytes lie in place -- stored in row-major order, or in a
         permutation of it (a transposed or channels-last tensor) -- reads only about the region's
-        bytes; other tensors (compressed or byte-swapped records, expanded views) are made from
-        their whole storage."""
+        bytes (a deflated record's from the temporary file it is inflated into); other tensors
+        (byte-swapped records, expanded views) are made from their whole storage."""
         import torch
 
         entry = self.tensor_entry(fqn)
         offsets, sizes = _box(entry, region)
         ref = self.tensor_ref(fqn)
         file = self._file_of[fqn]
-        where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
+        where = file.storage_file(ref.storage) if ref.storage is not None and ref.numel else None
         order = _dense_order(ref)
         if where is not None and order is not None:
             box = read_box(
-                file.file,
-                where.start() + ref.byte_offset,
+                where[0],
+                where[1] + ref.byte_offset,
                 [ref.shape[d] for d in order],
                 ref.dtype,
                 [offsets[d] for d in order],
@@ -153,11 +153,12 @@ class TorchCheckpoint(Checkpoint):
         return full.clone(memory_format=torch.contiguous_format)
 
     def _in_place(self, fqn: str) -> tuple[Any, int] | None:
-        """The open file and the offset of a contiguous tensor stored verbatim in it."""
+        """The open file and the offset of a contiguous tensor stored verbatim in it (or inflated
+        into a temporary file)."""
         ref = self.tensor_ref(fqn)
         file = self._file_of[fqn]
-        where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
-        return (file, where.start() + ref.byte_offset) if where is not None and ref.is_contiguous() else None
+        where = file.storage_file(ref.storage) if ref.storage is not None and ref.numel else None
+        return (where[0], where[1] + ref.byte_offset) if where is not None and ref.is_contiguous() else None
 
     def reads_in_place(self, fqn: str) -> bool:
         return self.entry(fqn).kind == "tensor" and self._in_place(fqn) is not None
@@ -167,10 +168,10 @@ class TorchCheckpoint(Checkpoint):
         if found is None:
             super().read_into(fqn, region, out)
             return
-        file, at = found
+        f, at = found
         ref = self.tensor_ref(fqn)
         offsets, sizes = _box(self.tensor_entry(fqn), region)
-        read_box(file.file, at, ref.shape, ref.dtype, offsets, sizes, file.label, out)
+        read_box(f, at, ref.shape, ref.dtype, offsets, sizes, self._file_of[fqn].label, out)
 
     def read_object(self, fqn: str) -> Any:
         return self._values[self.entry(fqn).fqn]

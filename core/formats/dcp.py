@@ -32,7 +32,7 @@ from ..dtypes import dtype_of
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ._zip import FileView, read_zip_records
 from .tiling import check_tiling
-from .torchsave import write_archive, write_tensor_archive
+from .torchsave import CHUNK_MEMBERS, write_archive, write_tensor_archive
 
 __all__ = [
     "METADATA_FILE",
@@ -64,7 +64,12 @@ def read_light_metadata(path: Path, *, trust: bool = False) -> Any:
 
 def decode_item(descriptors: Sequence[str] | None, raw: bytes, label: str, limit: int) -> bytes:
     """Undo the stream transforms torch's writer applied to an item (zstd compression), producing
-    at most ``limit`` bytes."""
+    at most ``limit`` bytes (the caller derives it from what the item declares: its chunk's bytes,
+    or a value's limit); refused as soon as the output outgrows it.
+
+    The stream is decompressed by one bounded read: zstandard fills a buffer of ``limit + 1``
+    bytes as it goes, and the untouched part of it never becomes memory, so the result is held
+    once (reading it in blocks and joining them would hold it twice)."""
     if not descriptors:
         return raw
     for descriptor in reversed(list(descriptors)):
@@ -130,7 +135,7 @@ def open_chunk(f: IO[bytes], offset: int, length: int, label: str, fqn: str | No
     read_exact(f, offset, memoryview(head), label, within)
     if fqn is not None and head[:2] != b"PK" and head[8:9] == b"{":
         return _safetensors_chunk(f, offset, label, fqn)
-    records = read_zip_records(f, label, offset, length)
+    records = read_zip_records(f, label, offset, length, max_entries=CHUNK_MEMBERS)
     pickles = [n for n in records if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pickles) != 1:
         raise CorruptCheckpointError(f"{label}: tensor chunk without a data.pkl")

@@ -40,10 +40,10 @@ from ..errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError, 
 from .dcp import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
 from .dcp_transforms import undo_transforms
 from .dcp_writer import DCPWriter, storage_info
+from .torchsave import VALUE_LIMIT
 
 __all__ = ["DCPReader", "DCPWriter", "read_metadata", "storage_info", "unwrap_error"]
 
-_VALUE_LIMIT = 256 << 20  # a compressed non-tensor value never decompresses to more
 _Piece = tuple[MetadataIndex, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # chunk, at, lengths, into
 
 
@@ -225,7 +225,7 @@ class DCPReader(FileSystemReader):
             for s in sizes:
                 n *= s
             return n + (1 << 20)
-        return _VALUE_LIMIT
+        return VALUE_LIMIT
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)

@@ -14,14 +14,9 @@ be in memory. Files load with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import array
-import contextlib
 import io
-import mmap
 import os
-import struct
 import sys
-import zipfile
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -29,18 +24,33 @@ from typing import IO, Any, BinaryIO
 from .._files import open_regular
 from .._io import FileRange, read_exact, source_of
 from .._pickle import LazyStorages, TorchPickler, load_torch_pickle
-from .._pickle_guard import scan
 from .._refs import StorageRef, TensorRef
 from .._remote import RemotePath, as_location
 from .._tree import check_depth
 from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
-from ._zip import ZipRecord, ZipWriter, read_zip_records
+from ._inflated import Inflated
+from ._torch_legacy import read_legacy
+from ._zip import ZipDirectory, ZipRecord
+from ._zip_writer import ZipWriter
 
-__all__ = ["TorchSaveFile", "TorchSaveWriter", "archive_name", "swap_bytes", "write_archive", "write_tensor_archive"]
+__all__ = [
+    "CHUNK_MEMBERS",
+    "PICKLE_LIMIT",
+    "VALUE_LIMIT",
+    "TorchSaveFile",
+    "TorchSaveWriter",
+    "archive_name",
+    "swap_bytes",
+    "write_archive",
+    "write_tensor_archive",
+]
 
-_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_LEGACY_PROTOCOL = 1001
+PICKLE_LIMIT = 64 << 20  # a deflated data.pkl inflates to at most this (torch.save stores it as it is)
+VALUE_LIMIT = 256 << 20  # all a compressed non-tensor value (an archive in memory) inflates to
+_FIXED_MEMBERS = 32  # records besides the storages: data.pkl, version, byteorder, ... and some slack
+CHUNK_MEMBERS = 1 + _FIXED_MEMBERS  # the most records a DCP tensor chunk's archive (one storage) may list
+
 _SWAP_CODES = {2: "H", 4: "I", 8: "Q"}
 
 
@@ -58,10 +68,21 @@ def swap_bytes(data: bytearray, dtype: DType) -> bytearray:
 
 class TorchSaveFile:
     """A torch.save archive opened without reading tensor data: a file on disk, or an archive
-    held in memory (DCP stores each non-tensor value as one). Use as a context manager."""
+    held in memory (DCP stores each non-tensor value as one). Use as a context manager.
+
+    Records other writers deflate are inflated in bounded blocks, each no further than its
+    declared use allows: ``data.pkl`` to :data:`PICKLE_LIMIT`, a storage to the bytes its pickle
+    declares; everything an archive in memory inflates, together, to ``inflate_limit``. A deflated
+    storage of a file is inflated once into an unlinked temporary file, from which it is copied and
+    read like a stored one, so memory never holds it whole unless a caller asks for its bytes."""
 
     def __init__(
-        self, path: str | os.PathLike[str] | io.BytesIO, *, trust_pickle: bool = False, label: str = ""
+        self,
+        path: str | os.PathLike[str] | io.BytesIO,
+        *,
+        trust_pickle: bool = False,
+        label: str = "",
+        inflate_limit: int = VALUE_LIMIT,
     ) -> None:
         where = as_location(path) if not isinstance(path, io.BytesIO) else None
         self.path = where if where is None or isinstance(where, RemotePath) else Path(where)
@@ -69,7 +90,9 @@ class TorchSaveFile:
         self.label = label or str(path)
         self.storages = LazyStorages(self)
         self._locations: dict[str, tuple[int, int, int | None] | ZipRecord] = {}  # offset, size, CRC
-        self._compressed: dict[str, str] = {}
+        self._compressed: dict[str, ZipRecord] = {}
+        self._budget = inflate_limit if isinstance(path, io.BytesIO) else None  # None: no total bound
+        self._inflated: Inflated | None = None
         self._big_endian = False
         self._cache: tuple[str, memoryview] | None = None
         if isinstance(path, io.BytesIO):
@@ -82,7 +105,10 @@ class TorchSaveFile:
                 self.obj = self._open_zip(trust_pickle)
                 self.format = "torch-zip"
             elif head[:1] == b"\x80":
-                self.obj = self._open_legacy(trust_pickle)
+                self.obj, locations, self._big_endian = read_legacy(
+                    self._f, self._local, self.label, self.storages, trust_pickle
+                )
+                self._locations.update(locations)
                 self.format = "torch-legacy"
             else:
                 raise UnsupportedFormatError(f"{self.label}: not a torch.save file")
@@ -97,69 +123,48 @@ class TorchSaveFile:
 
     # -- opening -------------------------------------------------------------------------------
     def _open_zip(self, trust: bool) -> Any:
-        records = read_zip_records(self._f, self.label)
-        pickles = [name for name in records if name.endswith("/data.pkl") and name.count("/") == 1]
-        if len(pickles) != 1:
+        """As torch reads it: the folder is the first entry's, ``data.pkl`` in it holds the pickle.
+        Only the records the pickle references are built, once its directory is known to list no
+        more entries than those and a few fixed ones (else a small file could list millions)."""
+        directory = ZipDirectory(self._f, self.label)
+        self._inflated = Inflated(directory.view, self.label, self._budget)
+        prefix = directory.prefix
+        if not prefix:
+            raise CorruptCheckpointError(
+                f"{self.label}: ZIP archive whose first record is in no folder (not torch.save)"
+            )
+        name = prefix + "data.pkl"
+        pkl = directory.first if directory.first is not None and directory.first.name == name else None
+        pkl = pkl or directory.find([name]).get(name)  # torch.save writes it first; a walk if not
+        if pkl is None:
             raise CorruptCheckpointError(f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file")
-        prefix = pickles[0][: -len("data.pkl")]
+        data = self._record_bytes(pkl, PICKLE_LIMIT)
+        obj = load_torch_pickle(data, self.label, self.storages, trust=trust)
+        del data
+        refs = self.storages.refs
+        if directory.count > len(refs) + _FIXED_MEMBERS:
+            raise CorruptCheckpointError(
+                f"{self.label}: its ZIP directory lists {directory.count} entries, but its pickle references only "
+                f"{len(refs)} storages; not an archive torch.save writes"
+            )
+        records = directory.find([name, prefix + "byteorder", *(f"{prefix}data/{key}" for key in refs)])
         order = records.get(prefix + "byteorder")
         if order is not None:
-            self._big_endian = self._read_small(order.data_offset, order.size) == b"big"
-        pkl = records[pickles[0]]
-        data = self._record_bytes(pkl.name, pkl.data_offset, pkl.size, pkl.stored)
-        obj = load_torch_pickle(data, self.label, self.storages, trust=trust)
-        for key, ref in self.storages.refs.items():
+            mark = self._record_bytes(order, 16)
+            if mark not in (b"little", b"big"):
+                raise CorruptCheckpointError(f"{self.label}: unknown byte order {mark[:16]!r} in its byteorder record")
+            self._big_endian = mark == b"big"
+        for key, ref in refs.items():
             rec = records.get(f"{prefix}data/{key}")
             if rec is None:
                 raise CorruptCheckpointError(f"{self.label}: storage record data/{key} is missing")
-            if rec.size < ref.nbytes:
+            if rec.size < ref.nbytes or (not rec.stored and rec.size != ref.nbytes):
                 raise CorruptCheckpointError(
-                    f"{self.label}: storage record data/{key} holds {rec.size} bytes, needs {ref.nbytes}"
+                    f"{self.label}: storage record data/{key} holds {rec.size} bytes; its storage has {ref.nbytes}"
                 )
             self._locations[key] = rec  # where its bytes start: known when first needed
             if not rec.stored:
-                self._compressed[key] = rec.name
-        return obj
-
-    def _open_legacy(self, trust: bool) -> Any:
-        """Five pickles in a row (magic number, protocol, system info, the object, storage keys),
-        then each storage's element count and bytes."""
-        size = self._size()
-        pos = 0
-        scratch = LazyStorages()
-        with mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if self._local else _Whole(self._f) as data:
-
-            def next_pickle(storages: LazyStorages, trusted: bool = False) -> Any:
-                nonlocal pos
-                end = scan(data, self.label, pos).end
-                value = load_torch_pickle(bytes(data[pos:end]), self.label, storages, trust=trusted)
-                pos = end
-                return value
-
-            if next_pickle(scratch) != _LEGACY_MAGIC:
-                raise UnsupportedFormatError(f"{self.label}: a pickle, but not a torch.save file")
-            if next_pickle(scratch) != _LEGACY_PROTOCOL:
-                raise UnsupportedFormatError(f"{self.label}: unsupported legacy torch.save protocol")
-            sys_info = next_pickle(scratch)
-            if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
-                self._big_endian = True
-            obj = next_pickle(self.storages, trust)
-            keys = next_pickle(scratch)
-        if not isinstance(keys, list):
-            raise CorruptCheckpointError(f"{self.label}: damaged legacy storage list")
-        for key in keys:
-            ref = self.storages.refs.get(str(key))
-            if ref is None:
-                raise CorruptCheckpointError(f"{self.label}: storage {key} is not referenced by the pickle")
-            (numel,) = struct.unpack("<q", self._read_small(pos, 8))
-            nbytes = numel * ref.dtype.itemsize
-            if numel < ref.numel or pos + 8 + nbytes > size:
-                raise CorruptCheckpointError(f"{self.label}: storage {key} is truncated")
-            self._locations[ref.key] = (pos + 8, nbytes, None)
-            pos += 8 + nbytes
-        missing = set(self.storages.refs) - set(self._locations)
-        if missing:
-            raise CorruptCheckpointError(f"{self.label}: storages {sorted(missing)[:3]} have no data")
+                self._compressed[key] = rec
         return obj
 
     def _read_small(self, offset: int, size: int) -> bytes:
@@ -167,14 +172,12 @@ class TorchSaveFile:
         read_exact(self._f, offset, memoryview(buf), self.label)
         return bytes(buf)
 
-    def _record_bytes(self, name: str, offset: int, size: int, stored: bool) -> bytes:
-        if stored:
-            return self._read_small(offset, size)
-        try:
-            with zipfile.ZipFile(self._f) as zf:
-                return zf.read(name)
-        except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
-            raise CorruptCheckpointError(f"{self.label}: cannot read record {name} ({e})") from e
+    def _record_bytes(self, rec: ZipRecord, limit: int) -> bytes:
+        """A whole record (``data.pkl``, ``byteorder``): read as it is, or inflated to at most ``limit``."""
+        if rec.stored:
+            return self._read_small(rec.data_offset, rec.size)
+        assert self._inflated is not None
+        return self._inflated.record_bytes(rec, limit)
 
     # -- where bytes are -------------------------------------------------------------------------
     def _own(self, ref: StorageRef | None) -> StorageRef:
@@ -195,10 +198,28 @@ class TorchSaveFile:
         """Whether the storage's bytes lie in the file as they are (stored, native byte order)."""
         return ref.key not in self._compressed and not self._big_endian
 
-    def storage_range(self, ref: StorageRef) -> FileRange | None:
-        """The storage's bytes in the file (CRC set when the record holds exactly them)."""
-        if not self.in_place(self._own(ref)) or self.path is None:
+    def storage_file(self, ref: StorageRef) -> tuple[IO[bytes], int] | None:
+        """The file a storage's bytes lie in as they are, and where they start: the archive for a
+        stored record, the temporary file it is inflated into (now, if not yet) for a deflated
+        one; None when they are byte-swapped or the archive is in memory."""
+        if self._big_endian or self.path is None:
             return None
+        rec = self._compressed.get(self._own(ref).key)
+        if rec is None:
+            return self._f, self._where(ref.key)[0]
+        assert self._inflated is not None
+        return self._inflated.spilled(rec, ref.nbytes)
+
+    def storage_range(self, ref: StorageRef) -> FileRange | None:
+        """The storage's bytes in the file (CRC set when the record holds exactly them); a deflated
+        storage's in the temporary file it is inflated into."""
+        if self.path is None or self._big_endian:
+            return None
+        rec = self._compressed.get(self._own(ref).key)
+        if rec is not None:
+            assert self._inflated is not None
+            spill, start = self._inflated.spilled(rec, ref.nbytes)
+            return FileRange(source_of(spill), start, ref.nbytes, rec.crc)
         loc = self._locations[ref.key]
         if isinstance(loc, ZipRecord) and loc.unresolved:  # a remote record: its header read at copy time
             crc = loc.crc if loc.size == ref.nbytes else None
@@ -226,20 +247,15 @@ class TorchSaveFile:
         self._own(ref)
         if self._cache is not None and self._cache[0] == ref.key:
             return self._cache[1]
-        buf = bytearray(ref.nbytes)
-        if ref.key in self._compressed:
-            try:
-                with zipfile.ZipFile(self._f) as zf, zf.open(self._compressed[ref.key]) as member:
-                    view = memoryview(buf)
-                    while len(view):
-                        got = member.readinto(view)  # type: ignore[attr-defined]
-                        if not got:
-                            raise CorruptCheckpointError(f"{self.label}: storage {ref.key} is truncated")
-                        view = view[got:]
-            except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError, zlib.error) as e:
-                raise CorruptCheckpointError(f"{self.label}: cannot read storage {ref.key} ({e})") from e
+        rec = self._compressed.get(ref.key)
+        where = self.storage_file(ref) if rec is None or self.path is not None else None
+        if rec is not None and where is None:  # in memory, or to be byte-swapped: inflated into place
+            assert self._inflated is not None
+            buf = self._inflated.into_memory(rec, ref.nbytes)
         else:
-            read_exact(self._f, self._where(ref.key)[0], memoryview(buf), self.label)
+            buf = bytearray(ref.nbytes)
+            f, start = where if where is not None else (self._f, self._where(ref.key)[0])
+            read_exact(f, start, memoryview(buf), self.label)
         if self._big_endian:
             buf = swap_bytes(buf, ref.dtype)
         out = memoryview(buf)
@@ -256,6 +272,8 @@ class TorchSaveFile:
 
     def close(self) -> None:
         self._cache = None
+        if self._inflated is not None:
+            self._inflated.close()
         self._f.close()
 
     def __enter__(self) -> TorchSaveFile:
@@ -263,20 +281,6 @@ class TorchSaveFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Whole(contextlib.AbstractContextManager["_Whole"]):
-    """An in-memory archive's bytes, where a file would be memory-mapped."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        f.seek(0)
-        self._data = f.read()
-
-    def __enter__(self) -> Any:
-        return self._data
-
-    def __exit__(self, *exc: object) -> None:
-        self._data = b""
 
 
 def archive_name(path: Path) -> str:

@@ -234,7 +234,7 @@ def test_stale_temporaries_of_killed_runs_are_cleaned(rich_pt: Path, tmp_path: P
 
 
 def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dcpstudio.core.formats import _zip
+    from dcpstudio.core.formats import _zip_writer as _zip
 
     real = _zip.ZipWriter.write
     calls = {"n": 0}

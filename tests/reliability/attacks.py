@@ -88,7 +88,7 @@ def edit_metadata(ckpt: Path, fn: Callable[[Any], None]) -> None:
 
 def torch_archive(path: Path, pkl: bytes, storages: dict[str, bytes] | None = None) -> Path:
     """A torch.save ZIP archive with exactly this ``data.pkl`` (and these storage records)."""
-    from dcpstudio.core.formats._zip import ZipWriter
+    from dcpstudio.core.formats._zip_writer import ZipWriter
 
     with open(path, "wb") as f:
         z = ZipWriter(f, "archive")
@@ -410,7 +410,9 @@ _ = struct  # the byte layouts above are spelled out by hand
 from tests.reliability.attacks_fanout import ATTACKS_FANOUT  # noqa: E402
 from tests.reliability.attacks_metadata import ATTACKS_METADATA  # noqa: E402
 from tests.reliability.attacks_shapes import ATTACKS_SHAPES  # noqa: E402
+from tests.reliability.attacks_zip import ATTACKS_ZIP  # noqa: E402
 
 ATTACKS.update(ATTACKS_SHAPES)
 ATTACKS.update(ATTACKS_FANOUT)
 ATTACKS.update(ATTACKS_METADATA)
+ATTACKS.update(ATTACKS_ZIP)

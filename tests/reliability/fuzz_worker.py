@@ -152,7 +152,8 @@ def main() -> int:
 
 
 ATTACK_SHARE = 0.1
-SLOW_ATTACKS = {"metadata-twice"}  # seconds to build: test_attacks.py covers it
+# seconds to build (metadata-twice) or run (ZIP bombs inflate 256 MiB, walk 1M entries): test_attacks.py has them
+SLOW_ATTACKS = {"metadata-twice", "zip-storage-bomb", "zip-directory-bomb", "dcp-zstd-bomb"}
 
 
 def _mutated(bases: dict[str, Path], case: Path, rng: random.Random) -> tuple[str, Path, str]:
