@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,8 +130,9 @@ class TorchCheckpoint(Checkpoint):
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         """A region of a tensor whose bytes lie in place -- stored in row-major order, or in a
         permutation of it (a transposed or channels-last tensor) -- reads only about the region's
-        bytes; other tensors (compressed or byte-swapped records, expanded views) are made from
-        their whole storage."""
+        bytes; other views of bytes in place (with gaps, overlapping) are copied out of a bounded
+        window of their storage (:class:`_Window`); tensors of compressed or byte-swapped records
+        are made from their whole storage."""
         import torch
 
         entry = self.tensor_entry(fqn)
@@ -138,24 +141,21 @@ class TorchCheckpoint(Checkpoint):
         file = self._file_of[fqn]
         where = file.storage_range(ref.storage) if ref.storage is not None and ref.numel else None
         order = _dense_order(ref)
-        small = ref.storage is not None and ref.storage.nbytes <= WINDOW_BUDGET
-        if where is not None and order is not None and (ref.is_contiguous() or not small):
-            box = read_box(
-                file.file,
-                where.start() + ref.byte_offset,
-                [ref.shape[d] for d in order],
-                ref.dtype,
-                [offsets[d] for d in order],
-                [sizes[d] for d in order],
-                file.label,
-            )
+        if where is not None and order is not None:
+
+            def read(out: torch.Tensor | None) -> torch.Tensor:
+                assert where is not None and order is not None
+                at, shape = where.start() + ref.byte_offset, [ref.shape[d] for d in order]
+                box = [offsets[d] for d in order], [sizes[d] for d in order]
+                return read_box(file.file, at, shape, ref.dtype, *box, file.label, out)
+
             if order == sorted(order):
-                return box
-            return box.permute([order.index(d) for d in range(len(order))]).contiguous()
-        if where is not None:
-            return self._window.read(file, where, ref, offsets, sizes)
+                return read(None)
+            return self._window.permuted(read, sizes, ref.dtype, [order.index(d) for d in range(len(order))])
         t = ref.narrow(offsets, sizes)
         refuse_expanded(entry, self.label, "read", t.nbytes)
+        if where is not None:
+            return self._window.read(file, where, ref, offsets, sizes)
         full = materialize(t)
         file.release()
         return full.clone(memory_format=torch.contiguous_format)
@@ -227,6 +227,26 @@ class _Window:
                 src = self._values(dt).as_strided(part, ref.stride, lo - start)
                 out[tuple(box_slices(at, part))].copy_(src)
         return out
+
+    def permuted(
+        self, read: Callable[[torch.Tensor | None], torch.Tensor], sizes: list[int], dt: DType, perm: list[int]
+    ) -> torch.Tensor:
+        """A box of ``sizes`` that ``read`` reads in storage order (into a given tensor, or a new
+        one), permuted by ``perm`` into a contiguous tensor. A box that fits is read into the
+        window's buffer: each block of a transposed tensor costs no fresh memory but its result."""
+        import torch
+
+        nbytes = math.prod(sizes) * dt.itemsize
+        if nbytes > WINDOW_BUDGET:
+            return read(None).permute(perm).contiguous()
+        stored = [sizes[perm.index(d)] for d in range(len(sizes))]
+        with self._lock:
+            self._at = None
+            if self._buf is None or self._buf.numel() < nbytes:
+                self._buf = None
+                self._buf = torch.empty(nbytes, dtype=torch.uint8)
+            box = read(self._buf[:nbytes].view(dt.torch).view(stored))
+            return new_tensor(sizes, dt.torch).copy_(box.permute(perm))
 
     def _hold(
         self, file: TorchSaveFile, where: FileRange, key: str, span: tuple[int, int], total: int, dt: DType
