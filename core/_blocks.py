@@ -51,8 +51,9 @@ def blocks(shape: Sequence[int], itemsize: int, budget: int) -> Iterator[tuple[l
 
 def strided_pieces(sizes: Sequence[int], strides: Sequence[int], reach: int) -> Iterator[tuple[list[int], list[int]]]:
     """Boxes ``(offsets, sizes)`` that tile the box ``sizes`` of a view with element ``strides``,
-    each reaching over at most ``reach`` consecutive storage elements (or being one element), in
-    ascending storage order: a view with gaps (``t[::2]``) or in any order is read piece by piece
+    each reaching over at most ``reach`` consecutive storage elements (or being one element),
+    largest stride outermost (so in ascending storage order where the dimensions nest, as views of
+    a row-major storage do): a view with gaps (``t[::2]``) or in any order is read piece by piece
     through a window of ``reach`` elements, never through its whole storage.
 
     The dimensions with the smallest strides are kept whole while they fit, the next one is cut
