@@ -114,7 +114,7 @@ def test_verify_of_many_strided_views_of_one_storage_stays_in_a_memory_budget(tm
             want[name] = [len(bad), bad[0].tolist()]
     assert want and out["values"] == want
     assert out["compared"] == 96
-    assert out["rss"] <= 500 << 20, f"peak RSS {out['rss'] >> 20} MiB"
+    assert out["rss"] <= 560 << 20, f"peak RSS {out['rss'] >> 20} MiB"  # ~450 measured; torch alone: 220
 
 
 def test_views_with_gaps_of_one_small_storage_read_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
