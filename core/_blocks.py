@@ -5,12 +5,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-__all__ = ["BLOCK_BUDGET", "blocks", "box_slices"]
+__all__ = ["BLOCK_BUDGET", "WINDOW_BUDGET", "blocks", "box_slices", "strided_pieces"]
 
 BLOCK_BUDGET = 32 << 20
 """Bytes per block of a streamed computation: per-block costs vanish, a few blocks fit anywhere.
 Blocks this large are unmapped when freed (glibc), so a long computation recycles its buffers
 (:mod:`._buffers`) rather than faulting fresh pages in for every block."""
+
+
+WINDOW_BUDGET = 16 << 20
+"""Bytes of a storage held at a time to read a strided view from (:func:`strided_pieces`): a storage
+this small is read once for all the views of it that are read one after another."""
 
 
 def box_slices(offsets: Sequence[int], sizes: Sequence[int]) -> list[slice]:
@@ -42,3 +47,36 @@ def blocks(shape: Sequence[int], itemsize: int, budget: int) -> Iterator[tuple[l
         for start in range(0, shape[split], per):
             n = min(per, shape[split] - start)
             yield [*outer, start, *[0] * (dims - split - 1)], [*[1] * split, n, *shape[split + 1 :]]
+
+
+def strided_pieces(sizes: Sequence[int], strides: Sequence[int], reach: int) -> Iterator[tuple[list[int], list[int]]]:
+    """Boxes ``(offsets, sizes)`` that tile the box ``sizes`` of a view with element ``strides``,
+    each reaching over at most ``reach`` consecutive storage elements (or being one element),
+    largest stride outermost (so in ascending storage order where the dimensions nest, as views of
+    a row-major storage do): a view with gaps (``t[::2]``) or in any order is read piece by piece
+    through a window of ``reach`` elements, never through its whole storage.
+
+    The dimensions with the smallest strides are kept whole while they fit, the next one is cut
+    into runs that fit, and the rest are taken one index at a time, largest stride outermost."""
+    dims = len(sizes)
+    if any(n == 0 for n in sizes):
+        return
+    order = sorted(range(dims), key=lambda d: (-strides[d] if sizes[d] > 1 else 0, d))
+    span = 1
+    k = dims
+    while k > 0 and span + (sizes[order[k - 1]] - 1) * strides[order[k - 1]] <= reach:
+        k -= 1
+        span += (sizes[order[k]] - 1) * strides[order[k]]
+    if k == 0:
+        yield [0] * dims, list(sizes)
+        return
+    split = order[k - 1]
+    per = max(1, (reach - span) // strides[split] + 1)
+    outer = order[: k - 1]
+    for index in itertools.product(*(range(sizes[d]) for d in outer)):
+        for start in range(0, sizes[split], per):
+            offsets, part = [0] * dims, list(sizes)
+            for d, i in zip(outer, index, strict=True):
+                offsets[d], part[d] = i, 1
+            offsets[split], part[split] = start, min(per, sizes[split] - start)
+            yield offsets, part

@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 import json
+import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
+from .._blocks import WINDOW_BUDGET, box_slices, strided_pieces
+from .._buffers import new_tensor
 from .._files import member_path, read_regular
-from .._io import read_box
+from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
+from ..dtypes import DType
 from ..errors import CorruptCheckpointError
 from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
 from ..formats.torchsave import TorchSaveFile
@@ -37,6 +43,7 @@ class TorchCheckpoint(Checkpoint):
         self._file_of: dict[str, TorchSaveFile] = {}
         self._values: dict[str, Any] = {}
         self._paths: dict[str, tuple[str | int, ...]] = {}
+        self._window = _Window()
         try:
             for file in files:
                 self._add(file, trust_pickle, sharded=index is not None)
@@ -123,8 +130,10 @@ class TorchCheckpoint(Checkpoint):
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
         """A region of a tensor whose bytes lie in place -- stored in row-major order, or in a
         permutation of it (a transposed or channels-last tensor) -- reads only about the region's
-        bytes (a deflated record's from the temporary file it is inflated into); other tensors
-        (byte-swapped records, expanded views) are made from their whole storage."""
+        bytes (a deflated record's from the temporary file it is inflated into); other views of bytes
+        in place (with gaps, overlapping) are copied out of a bounded window of their storage
+        (:class:`_Window`); tensors of byte-swapped records and expanded views are made from their
+        whole storage."""
         import torch
 
         entry = self.tensor_entry(fqn)
@@ -134,20 +143,20 @@ class TorchCheckpoint(Checkpoint):
         where = file.storage_file(ref.storage) if ref.storage is not None and ref.numel else None
         order = _dense_order(ref)
         if where is not None and order is not None:
-            box = read_box(
-                where[0],
-                where[1] + ref.byte_offset,
-                [ref.shape[d] for d in order],
-                ref.dtype,
-                [offsets[d] for d in order],
-                [sizes[d] for d in order],
-                file.label,
-            )
+
+            def read(out: torch.Tensor | None) -> torch.Tensor:
+                assert where is not None and order is not None
+                at, shape = where[1] + ref.byte_offset, [ref.shape[d] for d in order]
+                box = [offsets[d] for d in order], [sizes[d] for d in order]
+                return read_box(where[0], at, shape, ref.dtype, *box, file.label, out)
+
             if order == sorted(order):
-                return box
-            return box.permute([order.index(d) for d in range(len(order))]).contiguous()
+                return read(None)
+            return self._window.permuted(read, sizes, ref.dtype, [order.index(d) for d in range(len(order))])
         t = ref.narrow(offsets, sizes)
         refuse_expanded(entry, self.label, "read", t.nbytes)
+        if where is not None:
+            return self._window.read(file, where, ref, offsets, sizes)
         full = materialize(t)
         file.release()
         return full.clone(memory_format=torch.contiguous_format)
@@ -183,8 +192,100 @@ class TorchCheckpoint(Checkpoint):
         return out
 
     def close(self) -> None:
+        self._window.clear()
         for file in self._files:
             file.close()
+
+
+class _Window:
+    """At most :data:`WINDOW_BUDGET` bytes of one storage, read in place from its file, that the
+    views of it are copied out of (:func:`strided_pieces`): a view in any order or with gaps reads
+    only a window at a time, never its whole storage, and the views of one small storage read
+    one after another (a fan-out of names) read it once. One window serves a whole checkpoint,
+    so memory stays bounded however many files or entries it has; a lock keeps one reader at a
+    time, as the window is refilled in place."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf: torch.Tensor | None = None
+        self._at: tuple[TorchSaveFile, str, int, int] | None = None  # file, storage key, byte range
+
+    def read(
+        self, file: TorchSaveFile, where: tuple[IO[bytes], int], ref: TensorRef, offsets: list[int], sizes: list[int]
+    ) -> torch.Tensor:
+        """The box ``offsets + sizes`` of ``ref``, whose storage lies at ``where`` in ``file``: contiguous."""
+        dt: DType = ref.dtype
+        out = new_tensor(sizes, dt.torch)
+        storage = ref.storage
+        assert storage is not None
+        total = storage.nbytes // dt.itemsize  # the storage's length in elements of the view's dtype
+        reach = max(1, WINDOW_BUDGET // dt.itemsize)
+        first = ref.storage_offset + sum(o * st for o, st in zip(offsets, ref.stride, strict=True))
+        with self._lock:
+            for at, part in strided_pieces(sizes, ref.stride, reach):
+                lo = first + sum(o * st for o, st in zip(at, ref.stride, strict=True))
+                hi = lo + sum((n - 1) * st for n, st in zip(part, ref.stride, strict=True)) + 1
+                start = self._hold(file, where, storage.key, (lo, hi), total, dt)
+                src = self._values(dt).as_strided(part, ref.stride, lo - start)
+                out[tuple(box_slices(at, part))].copy_(src)
+        return out
+
+    def permuted(
+        self, read: Callable[[torch.Tensor | None], torch.Tensor], sizes: list[int], dt: DType, perm: list[int]
+    ) -> torch.Tensor:
+        """A box of ``sizes`` that ``read`` reads in storage order (into a given tensor, or a new
+        one), permuted by ``perm`` into a contiguous tensor. A box that fits is read into the
+        window's buffer: each block of a transposed tensor costs no fresh memory but its result."""
+        import torch
+
+        nbytes = math.prod(sizes) * dt.itemsize
+        if nbytes > WINDOW_BUDGET:
+            return read(None).permute(perm).contiguous()
+        stored = [sizes[perm.index(d)] for d in range(len(sizes))]
+        with self._lock:
+            self._at = None
+            if self._buf is None or self._buf.numel() < nbytes:
+                self._buf = None
+                self._buf = torch.empty(nbytes, dtype=torch.uint8)
+            box = read(self._buf[:nbytes].view(dt.torch).view(stored))
+            return new_tensor(sizes, dt.torch).copy_(box.permute(perm))
+
+    def _hold(
+        self, file: TorchSaveFile, where: tuple[IO[bytes], int], key: str, span: tuple[int, int], total: int, dt: DType
+    ) -> int:
+        """Have elements ``lo:hi`` of the storage (``total`` of them) in the window, reading from ``lo``
+        on as far as the window reaches; the element the window starts at."""
+        import torch
+
+        lo, hi = span
+        size = dt.itemsize
+        reach = max(1, WINDOW_BUDGET // size)
+        held = self._at
+        if (
+            held is not None
+            and held[:2] == (file, key)
+            and held[2] % size == 0
+            and held[2] <= lo * size < hi * size <= held[3]
+        ):
+            return held[2] // size
+        start = min(lo, max(0, total - reach))
+        end = min(total, start + reach)
+        nbytes = (end - start) * size
+        if self._buf is None or self._buf.numel() < nbytes:
+            self._buf = None
+            self._buf = torch.empty(nbytes, dtype=torch.uint8)
+        self._at = None
+        read_exact(where[0], where[1] + start * size, tensor_buffer(self._buf[:nbytes]), file.label)
+        self._at = (file, key, start * size, end * size)
+        return start
+
+    def _values(self, dt: DType) -> torch.Tensor:
+        assert self._buf is not None and self._at is not None
+        return self._buf[: (self._at[3] - self._at[2]) // dt.itemsize * dt.itemsize].view(dt.torch)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._buf = self._at = None
 
 
 def _dense_order(t: TensorRef) -> list[int] | None:

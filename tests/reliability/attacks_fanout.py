@@ -23,15 +23,21 @@ def _size(rng: random.Random) -> tuple[int, int]:
 
 def torch_fanout(work: Path, rng: random.Random) -> Attack:
     """A torch.save file whose one storage (16 MiB, or 2-4 MiB) is viewed under 128 (or 1,024)
-    names -- whole, reshaped, sliced -- plus honest entries: 2-4 GiB when written out name by name."""
+    names -- whole, reshaped, sliced, and strided: transposed, permuted, with gaps (read through a
+    bounded window of the storage, never the whole storage per name) -- plus honest entries: 2-4
+    GiB when written out name by name."""
     import torch
 
     names, numel = _size(rng)
-    storage = torch.zeros(numel)
+    storage = torch.arange(numel, dtype=torch.float32)
     views = [
         lambda: storage,
         lambda: storage.view(1024, -1),
         lambda: storage[: numel - rng.randrange(1, 1024)],
+        lambda: storage.view(1024, -1).t(),
+        lambda: storage[:: rng.choice([2, 3, 5])],
+        lambda: storage.view(64, 64, -1).permute(2, 0, 1),
+        lambda: storage.view(1024, -1)[1::2, :: rng.choice([2, 7])],
     ]
     state: dict[str, Any] = {f"layer.{i}.w": rng.choice(views)() for i in range(names)}
     state["head"] = torch.arange(8.0)
