@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .flags import check_load_flags, resolve_target
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
 
@@ -63,9 +65,11 @@ def _run_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         allow_expansion=args.allow_expansion,
+        allow_empty=args.allow_empty,
     )
+    named = getattr(args, "named", None)
+    to = resolve_target(args.dst, getattr(args, "to", None), named, getattr(args, "max_shard_size", None) is not None)
     try:
-        named = getattr(args, "named", None)
         if named is not None:  # format_utils' names: the source format is part of the command
             named_fn = torch_save_to_dcp if named == "torch_to_dcp" else dcp_to_torch_save
             result = named_fn(args.src, args.dst, **options)
@@ -73,7 +77,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             result = convert(
                 args.src,
                 args.dst,
-                to=args.to,
+                to=to,  # type: ignore[arg-type]
                 max_shard_size=args.max_shard_size,
                 dtype=args.dtype,
                 strip_prefix=args.strip_prefix,
@@ -160,6 +164,7 @@ def _run_load(args: argparse.Namespace) -> int:
     if args.ranks is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         import torch.distributed as dist
 
+        check_load_flags(int(os.environ["WORLD_SIZE"]), args.mesh, world="torchrun's WORLD_SIZE is")
         dist.init_process_group("nccl" if _cuda_per_rank() else "gloo")
         try:
             world, rank = dist.get_world_size(), dist.get_rank()
@@ -183,9 +188,10 @@ def _run_load(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    mesh_size = check_load_flags(args.ranks, args.mesh)
     reports = run_load(
         args.path,
-        ranks=args.ranks or 2,
+        ranks=args.ranks if args.ranks is not None else (mesh_size or 2),
         layout=args.layout,
         mesh=args.mesh,
         timeout=args.timeout,

@@ -10,6 +10,9 @@ def _add_convert_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="destination path")
     p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
     p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
+    p.add_argument(
+        "--allow-empty", action="store_true", help="write the output even when --include/--exclude keep no entry"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     p.add_argument(
         "--trust-pickle",
@@ -42,12 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
+    p = sub.add_parser("convert", help="convert a checkpoint (target from the destination's name, or --to)")
     _add_convert_options(p)
     p.add_argument(
         "--to",
         choices=["dcp", "torch", "safetensors"],
-        help="target format (default: DCP <-> torch.save; safetensors -> DCP)",
+        help="target format (default: from DST: .pt/.pth/.bin torch.save, .safetensors safetensors, a trailing / "
+        "or no suffix a directory -- DCP, or sharded safetensors with --max-shard-size; any other suffix: "
+        "DCP <-> torch.save, safetensors -> DCP)",
     )
     p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating-point tensors")
