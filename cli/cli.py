@@ -84,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         _error(e.args[0] if isinstance(e, KeyError) and e.args else e)
-        return EXIT_USAGE if isinstance(e, ValueError) and args.command != "verify" else failed
+        usage = isinstance(e, ValueError) and not isinstance(e, DCPStudioError)  # our flags, not the input
+        return EXIT_USAGE if usage and args.command != "verify" else failed
     except RecursionError:
         if debug:
             raise

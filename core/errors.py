@@ -13,6 +13,7 @@ __all__ = [
     "DestinationExistsError",
     "ExpansionError",
     "MissingClassError",
+    "NotATensorError",
     "UnsafePickleError",
     "UnsupportedFormatError",
 ]
@@ -64,6 +65,11 @@ class MissingClassError(UnsupportedFormatError):
             "dicts, lists, numbers)",
             what=f"{module}.{name}",
         )
+
+
+class NotATensorError(DCPStudioError, ValueError):
+    """An operation on tensors was asked for an entry that is a plain value: a fault of the input
+    named, not of the command's flags (still a ``ValueError`` for callers that catch that)."""
 
 
 class DestinationExistsError(DCPStudioError):
