@@ -116,7 +116,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     import json
 
     from dcpstudio.core import diff, open_checkpoint
-    from dcpstudio.core.report import diff_json, diff_text
+    from dcpstudio.core.report import LIST_LIMIT, diff_json, diff_text
 
     bar = TerminalProgress() if not (args.quiet or args.json) else None
     try:
@@ -131,7 +131,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(diff_json(report)))
     else:
-        print(diff_text(report))
+        print(diff_text(report, limit=None if args.all else LIST_LIMIT))
     return EXIT_OK if report.equal else EXIT_ERROR
 
 

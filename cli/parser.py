@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="read each tensor only up to its first differing block: where it differs, not how much",
     )
     p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument(
+        "-v", "--verbose", "--all", dest="all", action="store_true", help="list every difference (default: 20 of each kind)"
+    )
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 

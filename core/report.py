@@ -46,7 +46,7 @@ from .diff import DiffReport, ValueMismatch
 from .inspect import Checkpoint
 from .model import Chunk, Node, dtype_name, printable, short_repr
 
-__all__ = ["checkpoint_json", "checkpoint_text", "diff_json", "diff_text", "human_bytes"]
+__all__ = ["LIST_LIMIT", "checkpoint_json", "checkpoint_text", "diff_json", "diff_summary", "diff_text", "human_bytes"]
 
 
 def _chunk_json(c: Chunk) -> dict[str, Any]:
@@ -187,15 +187,56 @@ def _value_line(v: ValueMismatch) -> str:
     )
 
 
-def diff_text(report: DiffReport) -> str:
+LIST_LIMIT = 20
+"""Lines per kind of difference that ``diff_text`` prints before "… and N more"."""
+
+
+def _groups(names: list[str]) -> str:
+    """Where a list of names lies, by first component: ``" (model.*)"``, ``" (model.* 78, optim.* 2)"``."""
+    if not names:
+        return ""
+    counts: dict[str, int] = {}
+    for n in names:
+        head, dot, _ = n.partition(".")
+        key = f"{head}.*" if dot else head
+        counts[key] = counts.get(key, 0) + 1
+    if len(counts) == 1:
+        return f" ({printable(next(iter(counts)))})"
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{printable(k)} {v}" for k, v in top[:3])
+    return f" ({text}{', …' if len(top) > 3 else ''})"
+
+
+def diff_summary(report: DiffReport) -> str:
+    """One line of counts: ``equal: 310, different: 2, only in A: 80 (model.*), only in B: 0``
+    (an entry that differs in several ways counts once)."""
+    differing = {f for f, *_ in report.kind + report.dtype + report.shape} | set(report.objects)
+    differing |= {v.fqn for v in report.values}
+    return (
+        f"equal: {report.compared - len(differing)}, different: {len(differing)}, "
+        f"only in A: {len(report.only_a)}{_groups(report.only_a)}, only in B: {len(report.only_b)}{_groups(report.only_b)}"
+    )
+
+
+def _capped(lines: list[str], limit: int | None) -> list[str]:
+    if limit is None or len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"  … and {len(lines) - limit} more (--all lists them)"]
+
+
+def diff_text(report: DiffReport, limit: int | None = LIST_LIMIT) -> str:
+    """The summary first, then each difference: at most ``limit`` lines of each kind (None: all)."""
     if report.equal:
         return f"equal: {report.compared} entries compared"
-    lines = [f"different ({report.compared} entries compared):"]
-    lines += [f"  only in A: {printable(f)}" for f in report.only_a]
-    lines += [f"  only in B: {printable(f)}" for f in report.only_b]
-    lines += [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind]
-    lines += [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype]
-    lines += [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape]
-    lines += [_value_line(v) for v in report.values]
-    lines += [f"  value differs: {printable(f)}" for f in report.objects]
+    lines = [f"A and B differ; {diff_summary(report)}"]
+    for part in (
+        [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind],
+        [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype],
+        [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape],
+        [_value_line(v) for v in report.values],
+        [f"  value differs: {printable(f)}" for f in report.objects],
+        [f"  only in A: {printable(f)}" for f in report.only_a],
+        [f"  only in B: {printable(f)}" for f in report.only_b],
+    ):
+        lines += _capped(part, limit)
     return "\n".join(lines)
