@@ -135,6 +135,35 @@ def _run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.equal else EXIT_ERROR
 
 
+def _run_compare(args: argparse.Namespace) -> int:
+    """The window's compare table on the terminal: the same :func:`dcpstudio.core.diff.compare`."""
+    import json
+
+    from dcpstudio.core import open_checkpoint
+    from dcpstudio.core.diff import compare
+    from dcpstudio.core.report import compare_csv, compare_json, compare_text
+
+    bar = TerminalProgress() if not (args.quiet or args.json or args.csv) else None
+    try:
+        with (
+            open_checkpoint(args.a, trust_pickle=args.trust_pickle) as a,
+            open_checkpoint(args.b, trust_pickle=args.trust_pickle) as b,
+        ):
+            rows = compare(a, b, rtol=args.rtol, atol=args.atol, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    equal = all(r.status == "equal" for r in rows)
+    shown = [r for r in rows if not (args.differences_only and r.status == "equal")]
+    if args.json:
+        print(json.dumps(compare_json(str(args.a), str(args.b), shown, args.rtol, args.atol, equal)))
+    elif args.csv:
+        print(compare_csv(shown))
+    else:
+        print(compare_text(rows, differences_only=args.differences_only))
+    return EXIT_OK if equal else EXIT_ERROR
+
+
 def _load_table(reports: list[Any], as_json: bool) -> int:
     import json
     from dataclasses import asdict
@@ -254,6 +283,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": _run_inspect,
     "load": _run_load,
     "verify": _run_verify,
+    "compare": _run_compare,
     "export": _run_export,
     "demo": _run_demo,
 }

@@ -42,11 +42,25 @@ import math
 from typing import Any
 
 from ._units import human_bytes
-from .diff import DiffReport, ValueMismatch
+from .diff import DiffReport, EntryComparison, ValueMismatch
 from .inspect import Checkpoint
 from .model import Chunk, Node, dtype_name, printable, short_repr
 
-__all__ = ["LIST_LIMIT", "checkpoint_json", "checkpoint_text", "diff_json", "diff_summary", "diff_text", "human_bytes"]
+__all__ = [
+    "LIST_LIMIT",
+    "STATUS_TEXT",
+    "checkpoint_json",
+    "checkpoint_text",
+    "compare_csv",
+    "compare_json",
+    "compare_summary",
+    "compare_text",
+    "diff_json",
+    "diff_summary",
+    "diff_text",
+    "human_bytes",
+    "metric",
+]
 
 
 def _chunk_json(c: Chunk) -> dict[str, Any]:
@@ -240,3 +254,85 @@ def diff_text(report: DiffReport, limit: int | None = LIST_LIMIT) -> str:
     ):
         lines += _capped(part, limit)
     return "\n".join(lines)
+
+
+STATUS_TEXT = {
+    "equal": "equal",
+    "different": "different",
+    "only_a": "only in A",
+    "only_b": "only in B",
+    "kind": "kind differs",
+    "dtype": "dtype differs",
+    "shape": "shape differs",
+}
+"""What a compare row's status is called, in the window's table and on the terminal."""
+COMPARE_FIELDS = ("fqn", "status", "max_abs", "rel_l2", "cosine", "mismatched", "count", "dtype_a", "dtype_b")
+
+
+def metric(v: float | None, digits: int = 4) -> str:
+    """A compare metric as the compare table shows it: ``digits`` significant digits, "—" where
+    it does not apply."""
+    if v is None:
+        return "—"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}g}"
+
+
+def compare_summary(rows: list[EntryComparison]) -> str:
+    """:func:`diff_summary`'s line for :func:`~.diff.compare`'s rows."""
+    only_a = [r.fqn for r in rows if r.status == "only_a"]
+    only_b = [r.fqn for r in rows if r.status == "only_b"]
+    equal = sum(r.status == "equal" for r in rows)
+    return (
+        f"equal: {equal}, different: {len(rows) - equal - len(only_a) - len(only_b)}, "
+        f"only in A: {len(only_a)}{_groups(only_a)}, only in B: {len(only_b)}{_groups(only_b)}"
+    )
+
+
+def compare_text(rows: list[EntryComparison], *, differences_only: bool = False) -> str:
+    """The compare view's table: entry, status, max |Δ|, relative L2 ‖a−b‖/‖a‖, cosine; the
+    summary line last (over every row, shown or not)."""
+    shown = [r for r in rows if not (differences_only and r.status == "equal")]
+    width = min(max([len(printable(r.fqn)) for r in shown] + [5]), 80)
+    lines = [f"{'entry':<{width}}  {'status':<13} {'max |Δ|':>10} {'rel L2':>10} {'cosine':>10}"]
+    lines += [
+        f"{printable(r.fqn):<{width}}  {STATUS_TEXT.get(r.status, r.status):<13} "
+        f"{metric(r.max_abs):>10} {metric(r.rel_l2):>10} {metric(r.cosine, 6):>10}"
+        for r in shown
+    ]
+    lines.append(compare_summary(rows))
+    return "\n".join(lines)
+
+
+def _row_json(r: EntryComparison) -> dict[str, Any]:
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(r).items()}
+    out["status_text"] = STATUS_TEXT.get(r.status, r.status)
+    return out
+
+
+def compare_json(
+    a: str, b: str, rows: list[EntryComparison], rtol: float, atol: float, equal: bool
+) -> dict[str, Any]:
+    """``dcpstudio compare --json``: ``{"schema": 1, "a", "b", "rtol", "atol", "equal": bool,
+    "entries": [every field of :class:`~.diff.EntryComparison`, tuples as lists, plus
+    "status_text"]}``; metrics not applicable are null, infinities ``Infinity``."""
+    return {"schema": 1, "a": a, "b": b, "rtol": rtol, "atol": atol, "equal": equal, "entries": [_row_json(r) for r in rows]}
+
+
+def compare_csv(rows: list[EntryComparison]) -> str:
+    """The rows as CSV (:data:`COMPARE_FIELDS` plus the shapes), metrics at full precision, empty
+    where they do not apply."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*COMPARE_FIELDS, "shape_a", "shape_b"])
+    for r in rows:
+        cells = [printable(r.fqn), *(getattr(r, k) for k in COMPARE_FIELDS[1:])]
+        shapes = [str(list(s)) if s is not None else "" for s in (r.shape_a, r.shape_b)]
+        writer.writerow([*("" if c is None else repr(c) if isinstance(c, float) else c for c in cells), *shapes])
+    return out.getvalue().rstrip("\n")
