@@ -54,7 +54,7 @@ class TerminalProgress:
 
 def _run_convert(args: argparse.Namespace) -> int:
     from dcpstudio.core import convert, dcp_to_torch_save, torch_save_to_dcp
-    from dcpstudio.core.report import human_bytes
+    from dcpstudio.core.report import human_bytes, plural
 
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
@@ -91,7 +91,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     if not args.quiet:
         seconds = time.monotonic() - start
         print(
-            f"wrote {result.dst} ({result.target}): {result.tensors} tensors, {result.values} other values, "
+            f"wrote {result.dst} ({result.target}): {plural(result.tensors, 'tensor')}, "
+            f"{plural(result.values, 'other value')}, "
             f"{human_bytes(result.tensor_bytes)} in {seconds:.2f} s"
         )
     return EXIT_OK
@@ -178,7 +179,7 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
             f"{'peak RSS':>10}  check"
         )
         for r in reports:
-            check = f"ok ({r.checked} entries)" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
+            check = f"ok ({r.checked} {'entry' if r.checked == 1 else 'entries'})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
             print(
                 f"{r.rank:>4} {r.seconds:>9.2f}s {r.startup:>8.2f}s {human_bytes(r.bytes_received):>11} "
                 f"{human_bytes(r.bytes_sent):>11} "

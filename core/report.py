@@ -13,7 +13,7 @@ JSON schema of ``dcpstudio inspect --json`` (``schema: 1``)::
                               "offset": int | null, "length": int | null,
                               "data_offset": int | null}]}]}
 
-``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
+``by_dtype`` counts non-tensor entries under ``"value"``, whatever the format. ``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
 path (its directory, for single-file checkpoints); ``offset``/``length`` is the byte range that
 stores the chunk (for DCP: the chunk's archive; otherwise the raw bytes) and ``data_offset``
 where the raw row-major element bytes begin (for DCP only with ``--chunks``, which parses each
@@ -44,7 +44,8 @@ from typing import Any
 from ._units import human_bytes
 from .diff import DiffReport, EntryComparison, ValueMismatch
 from .inspect import Checkpoint
-from .model import Chunk, Node, dtype_name, printable, short_repr
+from .errors import DCPStudioError, UnsafePickleError
+from .model import Chunk, Entry, Node, dtype_name, printable, short_repr
 
 __all__ = [
     "LIST_LIMIT",
@@ -60,6 +61,8 @@ __all__ = [
     "diff_text",
     "human_bytes",
     "metric",
+    "plural",
+    "value_text",
 ]
 
 
@@ -106,7 +109,37 @@ def checkpoint_json(ckpt: Checkpoint, *, resolve_chunks: bool = False) -> dict[s
     }
 
 
-def _describe(ckpt: Checkpoint, node: Node) -> str:
+SHOWN_VALUE_LIMIT = 64 << 10
+"""The largest stored non-tensor value a listing reads to show it (a DCP byte item: a small
+torch.save archive, restricted-unpickled); larger ones are described by their size."""
+_SHOWN_VALUES_BUDGET = 16 << 20  # all of a listing's reads of values together
+
+
+def plural(n: int, word: str) -> str:
+    """``1 tensor``, ``2 tensors``, ``1 other value``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> str:
+    """A non-tensor entry as every format shows it: ``= 1234`` when its value can be read safely
+    and cheaply (held already, or a small item read with the restricted unpickler), else
+    ``(value, 913 B)`` and why it is not shown. ``budget`` (bytes left, shared by a listing's
+    calls) bounds the reads."""
+    if e.kind == "object":
+        return f"= {short_repr(e.value, 60)}"
+    if e.byte_size > SHOWN_VALUE_LIMIT or (budget is not None and budget[0] < e.byte_size):
+        return f"(value, {human_bytes(e.nbytes)})"
+    if budget is not None:
+        budget[0] -= e.byte_size
+    try:
+        value = ckpt.read_object(e.fqn, limit=SHOWN_VALUE_LIMIT)
+    except DCPStudioError as error:
+        reason = "needs --trust-pickle" if isinstance(error, UnsafePickleError) else "unreadable"
+        return f"(value, {human_bytes(e.nbytes)}, not shown: {reason})"
+    return f"= {short_repr(value, 60)}"
+
+
+def _describe(ckpt: Checkpoint, node: Node, budget: list[int]) -> str:
     e = node.entry
     if e is None:
         return ""
@@ -117,21 +150,20 @@ def _describe(ckpt: Checkpoint, node: Node) -> str:
         if e.shared_with:
             text += f" (shares storage with {', '.join(e.shared_with)})"
         return text
-    if e.kind == "object":
-        return f"= {short_repr(e.value, 60)}"
-    return f"(pickled value, {human_bytes(e.nbytes)})"
+    return value_text(ckpt, e, budget)
 
 
 def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
     tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
     lines = [
-        f"{ckpt.path} ({ckpt.format}): {tensors} tensors, {len(ckpt.entries) - tensors} other values, "
-        f"{human_bytes(ckpt.tensor_bytes)}"
+        f"{ckpt.path} ({ckpt.format}): {plural(tensors, 'tensor')}, "
+        f"{plural(len(ckpt.entries) - tensors, 'other value')}, {human_bytes(ckpt.tensor_bytes)}"
     ]
+    budget = [_SHOWN_VALUES_BUDGET]
 
     def walk(node: Node, depth: int) -> None:
         for child in node.children.values():
-            desc = _describe(ckpt, child)
+            desc = _describe(ckpt, child, budget)
             suffix = "" if child.entry is not None and not child.children else "/"
             pad = "  " * depth
             lines.append(f"{pad}{printable(child.name)}{suffix}  {desc}".rstrip())
