@@ -77,7 +77,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             result = convert(
                 args.src,
                 args.dst,
-                to=to,  # type: ignore[arg-type]
+                to=to,
                 max_shard_size=args.max_shard_size,
                 dtype=args.dtype,
                 strip_prefix=args.strip_prefix,
@@ -179,7 +179,8 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
             f"{'peak RSS':>10}  check"
         )
         for r in reports:
-            check = f"ok ({r.checked} {'entry' if r.checked == 1 else 'entries'})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
+            entries = "entry" if r.checked == 1 else "entries"
+            check = f"ok ({r.checked} {entries})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
             print(
                 f"{r.rank:>4} {r.seconds:>9.2f}s {r.startup:>8.2f}s {human_bytes(r.bytes_received):>11} "
                 f"{human_bytes(r.bytes_sent):>11} "

@@ -31,7 +31,7 @@ def _add_pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="checkpoint A: DCP directory, torch.save file or safetensors (file or directory)")
     p.add_argument("b", help="checkpoint B, of any format")
     p.add_argument(
-        "--rtol", type=float, default=0.0, help="relative tolerance: |a − b| <= atol + rtol·|b| (default: 0, exact)"
+        "--rtol", type=float, default=0.0, help="relative tolerance: |a - b| <= atol + rtol·|b| (default: 0, exact)"
     )
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default: 0, exact)")
 
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "verify",
-        help="check that two checkpoints of any formats hold the same entries and values (exit 0 equal, 1 different, 2 error)",
+        help="check that two checkpoints of any formats hold the same entries and values "
+        "(exit 0 equal, 1 different, 2 error)",
         description="Check that A and B hold the same entries with the same values, whatever their formats: "
         "a summary of counts, then each difference. Exit 0 when equal within the tolerances, 1 when not, 2 on error.",
     )
@@ -96,7 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument(
-        "-v", "--verbose", "--all", dest="all", action="store_true", help="list every difference (default: 20 of each kind)"
+        "-v",
+        "--verbose",
+        "--all",
+        dest="all",
+        action="store_true",
+        help="list every difference (default: 20 of each kind)",
     )
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -105,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="compare two checkpoints entry by entry: status, max |Δ|, relative L2, cosine (the window's compare view)",
         description="Every entry of A and B compared, as the window's compare view shows it: its status, the "
-        "largest |a − b|, the relative L2 change ‖a − b‖/‖a‖ and the cosine similarity. Exit 0 when every entry "
+        "largest |a - b|, the relative L2 change ‖a - b‖/‖a‖ and the cosine similarity. Exit 0 when every entry "
         "is equal within the tolerances, 1 when not, 2 on error.",
     )
     _add_pair(p)
@@ -134,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how each tensor is placed on the mesh: replicated, sharded on dim 0 or 1, or FSDP-style "
         "(default: shard0)",
     )
-    p.add_argument("--mesh", metavar="SHAPE", help="device mesh shape, at most 2-D, e.g. 2x2 (default: 1-D over all ranks)")
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before the ranks are stopped (default: 600)"
+        "--mesh", metavar="SHAPE", help="device mesh shape, at most 2-D, e.g. 2x2 (default: 1-D over all ranks)"
     )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped (default: 600)")
     p.add_argument(
         "--stream",
         action="store_true",

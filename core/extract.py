@@ -107,7 +107,8 @@ def export_tensor(
 
     Raises :class:`DestinationExistsError` when ``dst`` exists and ``overwrite`` is false,
     :class:`CancelledError` when ``cancel`` is set (nothing is left behind), ``ValueError`` for an
-    unknown format, :class:`NotATensorError` (a ``ValueError``) for an entry that is not a tensor, ``KeyError`` for a name the checkpoint lacks.
+    unknown format, :class:`NotATensorError` (a ``ValueError``) for an entry that is not a tensor,
+    ``KeyError`` for a name the checkpoint lacks.
     """
     dst_p = as_location(dst)
     kind = _format(dst_p, fmt)

@@ -13,7 +13,8 @@ JSON schema of ``dcpstudio inspect --json`` (``schema: 1``)::
                               "offset": int | null, "length": int | null,
                               "data_offset": int | null}]}]}
 
-``by_dtype`` counts non-tensor entries under ``"value"``, whatever the format. ``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
+``by_dtype`` counts non-tensor entries under ``"value"``, whatever the format.
+``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
 path (its directory, for single-file checkpoints); ``offset``/``length`` is the byte range that
 stores the chunk (for DCP: the chunk's archive; otherwise the raw bytes) and ``data_offset``
 where the raw row-major element bytes begin (for DCP only with ``--chunks``, which parses each
@@ -43,8 +44,8 @@ from typing import Any
 
 from ._units import human_bytes
 from .diff import DiffReport, EntryComparison, ValueMismatch
-from .inspect import Checkpoint
 from .errors import DCPStudioError, UnsafePickleError
+from .inspect import Checkpoint
 from .model import Chunk, Entry, Node, dtype_name, printable, short_repr
 
 __all__ = [
@@ -260,7 +261,8 @@ def diff_summary(report: DiffReport) -> str:
     differing |= {v.fqn for v in report.values}
     return (
         f"equal: {report.compared - len(differing)}, different: {len(differing)}, "
-        f"only in A: {len(report.only_a)}{_groups(report.only_a)}, only in B: {len(report.only_b)}{_groups(report.only_b)}"
+        f"only in A: {len(report.only_a)}{_groups(report.only_a)}, "
+        f"only in B: {len(report.only_b)}{_groups(report.only_b)}"
     )
 
 
@@ -325,7 +327,7 @@ def compare_summary(rows: list[EntryComparison]) -> str:
 
 
 def compare_text(rows: list[EntryComparison], *, differences_only: bool = False) -> str:
-    """The compare view's table: entry, status, max |Δ|, relative L2 ‖a−b‖/‖a‖, cosine; the
+    """The compare view's table: entry, status, max |Δ|, relative L2 ‖a-b‖/‖a‖, cosine; the
     summary line last (over every row, shown or not)."""
     shown = [r for r in rows if not (differences_only and r.status == "equal")]
     width = min(max([len(printable(r.fqn)) for r in shown] + [5]), 80)
@@ -345,13 +347,19 @@ def _row_json(r: EntryComparison) -> dict[str, Any]:
     return out
 
 
-def compare_json(
-    a: str, b: str, rows: list[EntryComparison], rtol: float, atol: float, equal: bool
-) -> dict[str, Any]:
+def compare_json(a: str, b: str, rows: list[EntryComparison], rtol: float, atol: float, equal: bool) -> dict[str, Any]:
     """``dcpstudio compare --json``: ``{"schema": 1, "a", "b", "rtol", "atol", "equal": bool,
     "entries": [every field of :class:`~.diff.EntryComparison`, tuples as lists, plus
     "status_text"]}``; metrics not applicable are null, infinities ``Infinity``."""
-    return {"schema": 1, "a": a, "b": b, "rtol": rtol, "atol": atol, "equal": equal, "entries": [_row_json(r) for r in rows]}
+    return {
+        "schema": 1,
+        "a": a,
+        "b": b,
+        "rtol": rtol,
+        "atol": atol,
+        "equal": equal,
+        "entries": [_row_json(r) for r in rows],
+    }
 
 
 def compare_csv(rows: list[EntryComparison]) -> str:

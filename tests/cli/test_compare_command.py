@@ -20,8 +20,9 @@ from dcpstudio.core.diff import compare
 
 @pytest.fixture
 def pair(tmp_path: Path) -> tuple[Path, Path]:
-    torch.save({"w": torch.ones(4), "moved": torch.tensor([1.0, 2.0]), "step": 3, "gone": torch.zeros(1)}, tmp_path / "a.pt")
-    torch.save({"w": torch.ones(4), "moved": torch.tensor([1.0, 2.5]), "step": 3, "new": torch.zeros(1)}, tmp_path / "b.pt")
+    common = {"w": torch.ones(4), "step": 3}
+    torch.save({**common, "moved": torch.tensor([1.0, 2.0]), "gone": torch.zeros(1)}, tmp_path / "a.pt")
+    torch.save({**common, "moved": torch.tensor([1.0, 2.5]), "new": torch.zeros(1)}, tmp_path / "b.pt")
     return tmp_path / "a.pt", tmp_path / "b.pt"
 
 
