@@ -11,6 +11,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DCPStudioError",
     "DestinationExistsError",
+    "EmptySelectionError",
     "ExpansionError",
     "MissingClassError",
     "NotATensorError",
@@ -70,6 +71,10 @@ class MissingClassError(UnsupportedFormatError):
 class NotATensorError(DCPStudioError, ValueError):
     """An operation on tensors was asked for an entry that is a plain value: a fault of the input
     named, not of the command's flags (still a ``ValueError`` for callers that catch that)."""
+
+
+class EmptySelectionError(DCPStudioError):
+    """``include``/``exclude`` keep no entry: the output would be an empty checkpoint."""
 
 
 class DestinationExistsError(DCPStudioError):

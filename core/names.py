@@ -5,13 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .errors import DCPStudioError
+from .errors import EmptySelectionError
 
-__all__ = ["EmptySelectionError", "NameFilter"]
-
-
-class EmptySelectionError(DCPStudioError):
-    """``include``/``exclude`` keep no entry: the output would be an empty checkpoint."""
+__all__ = ["NameFilter"]
 
 
 class NameFilter:

@@ -73,3 +73,13 @@ def test_torch_into_a_directory_and_named_commands_are_refused(
     assert "dcp_to_torch writes a torch.save file" in capsys.readouterr().err
     assert main(["convert", str(sources["dcp"]), str(tmp_path / "plain"), "--to", "torch", "-q"]) == 0
     assert detect_format(tmp_path / "plain") == "torch"
+
+
+def test_destination_kind_reads_the_last_component_only() -> None:
+    from dcpstudio.core.convert import destination_kind
+
+    assert destination_kind("s3://bucket/run.v2/model.PT") == "torch"
+    assert destination_kind("s3://bucket/run.v2/out/") == "directory"
+    assert destination_kind("s3://bucket/run.v2/ckpt") == "bare"
+    assert destination_kind("https://host/m.safetensors") == "safetensors"
+    assert destination_kind("llama-3.1") is None  # a suffix that names no format: the source decides
