@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 
-def _add_convert_options(p: argparse.ArgumentParser) -> None:
+def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination path") -> None:
     p.add_argument("src", help="source checkpoint (DCP directory, torch.save file or safetensors)")
-    p.add_argument("dst", help="destination path")
+    p.add_argument("dst", help=dst)
     p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
     p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
     p.add_argument(
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("convert", help="convert a checkpoint (target from the destination's name, or --to)")
-    _add_convert_options(p)
+    _add_convert_options(p, "destination path; without --to its name decides the format (see --to)")
     p.add_argument(
         "--to",
         choices=["dcp", "torch", "safetensors"],
