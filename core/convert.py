@@ -21,11 +21,13 @@ from typing import Any, Literal
 
 from ._fanout import check_output_size
 from ._output import (
+    SUFFIX_TARGETS,
     TRUST_WARNING,
     ConversionResult,
     Target,
     check_paths,
     check_replaceable,
+    destination_kind,
     write_dcp_output,
     write_safetensors_output,
     write_torch_save_output,
@@ -57,26 +59,6 @@ __all__ = [
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 _CASTS = {"bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"], "fp32": DTYPES["float32"]}
 _MAX_STORED_VALUES = 64 << 10
-SUFFIX_TARGETS: dict[str, Target] = {
-    ".pt": "torch",
-    ".pth": "torch",
-    ".bin": "torch",
-    ".safetensors": "safetensors",
-}
-
-
-def destination_kind(dst: str | os.PathLike[str]) -> Target | Literal["directory", "bare"] | None:
-    """What the destination's name asks for: the format its suffix names (:data:`SUFFIX_TARGETS`),
-    ``"directory"`` for a trailing separator, ``"bare"`` for a name without a suffix, None for a
-    suffix that names no format (``llama-3.1``). Works on URLs too: only the text's last component
-    counts."""
-    text = os.fspath(dst)
-    if text.endswith((os.sep, "/")):
-        return "directory"
-    suffix = Path(text.replace(os.sep, "/").rsplit("/", 1)[-1]).suffix.lower()
-    if not suffix:
-        return "bare"
-    return SUFFIX_TARGETS.get(suffix)
 
 
 def parse_size(text: str) -> int:
