@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._remote import RemotePath
 from ._units import human_bytes
 from .diff import DiffReport, EntryComparison, ValueMismatch
 from .errors import DCPStudioError, UnsafePickleError
@@ -113,7 +114,8 @@ def checkpoint_json(ckpt: Checkpoint, *, resolve_chunks: bool = False) -> dict[s
 SHOWN_VALUE_LIMIT = 64 << 10
 """The largest stored non-tensor value a listing reads to show it (a DCP byte item: a small
 torch.save archive, restricted-unpickled); larger ones are described by their size."""
-_SHOWN_VALUES_BUDGET = 16 << 20  # all of a listing's reads of values together
+_SHOWN_VALUES_BUDGET = 16 << 20  # all of a listing's reads of values together...
+_SHOWN_VALUES_READS = {"local": 4096, "remote": 64}  # ...and how many reads (a remote one is a request)
 
 
 def plural(n: int, word: str) -> str:
@@ -124,14 +126,15 @@ def plural(n: int, word: str) -> str:
 def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> str:
     """A non-tensor entry as every format shows it: ``= 1234`` when its value can be read safely
     and cheaply (held already, or a small item read with the restricted unpickler), else
-    ``(value, 913 B)`` and why it is not shown. ``budget`` (bytes left, shared by a listing's
-    calls) bounds the reads."""
+    ``(value, 913 B)`` and why it is not shown. ``budget`` (bytes and reads left, shared by a
+    listing's calls) bounds the reads."""
     if e.kind == "object":
         return f"= {short_repr(e.value, 60)}"
-    if e.byte_size > SHOWN_VALUE_LIMIT or (budget is not None and budget[0] < e.byte_size):
+    if e.byte_size > SHOWN_VALUE_LIMIT or (budget is not None and (budget[0] < e.byte_size or budget[1] < 1)):
         return f"(value, {human_bytes(e.nbytes)})"
     if budget is not None:
         budget[0] -= e.byte_size
+        budget[1] -= 1
     try:
         value = ckpt.read_object(e.fqn, limit=SHOWN_VALUE_LIMIT)
     except DCPStudioError as error:
@@ -160,7 +163,8 @@ def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
         f"{ckpt.path} ({ckpt.format}): {plural(tensors, 'tensor')}, "
         f"{plural(len(ckpt.entries) - tensors, 'other value')}, {human_bytes(ckpt.tensor_bytes)}"
     ]
-    budget = [_SHOWN_VALUES_BUDGET]
+    remote = isinstance(ckpt.path, RemotePath)
+    budget = [_SHOWN_VALUES_BUDGET, _SHOWN_VALUES_READS["remote" if remote else "local"]]
 
     def walk(node: Node, depth: int) -> None:
         for child in node.children.values():

@@ -46,3 +46,15 @@ def test_dcp_values_not_shown_say_why(tmp_path: Path, capsys: pytest.CaptureFixt
     assert any(line.startswith("  big  (value, ") and "KiB)" in line for line in lines), lines
     trusted = _lines(["inspect", str(tmp_path / "d"), "--trust-pickle"], capsys)
     assert "  when  = datetime.date(2026, 12, 1)" in trusted
+
+
+def test_a_listing_reads_a_bounded_number_of_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dcpstudio.core.report as report
+
+    dcp_save({"w": torch.ones(2), "a": 1, "b": 2, "c": 3}, checkpoint_id=str(tmp_path / "d"))
+    monkeypatch.setitem(report._SHOWN_VALUES_READS, "local", 2)
+    lines = _lines(["inspect", str(tmp_path / "d")], capsys)
+    assert "  a  = 1" in lines and "  b  = 2" in lines
+    assert any(line.startswith("  c  (value, ") for line in lines), lines
