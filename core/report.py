@@ -276,8 +276,9 @@ def _capped(lines: list[str], limit: int | None) -> list[str]:
     return [*lines[:limit], f"  … and {len(lines) - limit} more (--all lists them)"]
 
 
-def diff_text(report: DiffReport, limit: int | None = LIST_LIMIT) -> str:
-    """The summary first, then each difference: at most ``limit`` lines of each kind (None: all)."""
+def diff_text(report: DiffReport, limit: int | None = None) -> str:
+    """The summary first, then each difference: at most ``limit`` lines of each kind (None: all,
+    for a scrolling box; ``verify`` on a terminal passes :data:`LIST_LIMIT`)."""
     if report.equal:
         return f"equal: {report.compared} entries compared"
     lines = [f"A and B differ; {diff_summary(report)}"]
