@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 
     debug = bool(os.environ.get("DCPSTUDIO_DEBUG"))
-    failed = EXIT_USAGE if args.command == "verify" else EXIT_ERROR  # 1 means "different" for verify
+    compares = args.command in ("verify", "compare")
+    failed = EXIT_USAGE if compares else EXIT_ERROR  # 1 means "different" for verify and compare
     try:
         if args.command is None or args.command == "open":
             from dcpstudio.app.main import run
@@ -84,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         _error(e.args[0] if isinstance(e, KeyError) and e.args else e)
-        return EXIT_USAGE if isinstance(e, ValueError) and args.command != "verify" else failed
+        usage = isinstance(e, ValueError) and not isinstance(e, DCPStudioError)  # our flags, not the input
+        return EXIT_USAGE if usage and not compares else failed
     except RecursionError:
         if debug:
             raise

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .flags import check_load_flags, resolve_target
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
 
@@ -52,7 +54,7 @@ class TerminalProgress:
 
 def _run_convert(args: argparse.Namespace) -> int:
     from dcpstudio.core import convert, dcp_to_torch_save, torch_save_to_dcp
-    from dcpstudio.core.report import human_bytes
+    from dcpstudio.core.report import human_bytes, plural
 
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
@@ -63,9 +65,11 @@ def _run_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         allow_expansion=args.allow_expansion,
+        allow_empty=args.allow_empty,
     )
+    named = getattr(args, "named", None)
+    to = resolve_target(args.dst, getattr(args, "to", None), named, getattr(args, "max_shard_size", None) is not None)
     try:
-        named = getattr(args, "named", None)
         if named is not None:  # format_utils' names: the source format is part of the command
             named_fn = torch_save_to_dcp if named == "torch_to_dcp" else dcp_to_torch_save
             result = named_fn(args.src, args.dst, **options)
@@ -73,7 +77,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             result = convert(
                 args.src,
                 args.dst,
-                to=args.to,
+                to=to,
                 max_shard_size=args.max_shard_size,
                 dtype=args.dtype,
                 strip_prefix=args.strip_prefix,
@@ -87,7 +91,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     if not args.quiet:
         seconds = time.monotonic() - start
         print(
-            f"wrote {result.dst} ({result.target}): {result.tensors} tensors, {result.values} other values, "
+            f"wrote {result.dst} ({result.target}): {plural(result.tensors, 'tensor')}, "
+            f"{plural(result.values, 'other value')}, "
             f"{human_bytes(result.tensor_bytes)} in {seconds:.2f} s"
         )
     return EXIT_OK
@@ -112,7 +117,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     import json
 
     from dcpstudio.core import diff, open_checkpoint
-    from dcpstudio.core.report import diff_json, diff_text
+    from dcpstudio.core.report import LIST_LIMIT, diff_json, diff_text
 
     bar = TerminalProgress() if not (args.quiet or args.json) else None
     try:
@@ -127,8 +132,37 @@ def _run_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(diff_json(report)))
     else:
-        print(diff_text(report))
+        print(diff_text(report, limit=None if args.all else LIST_LIMIT))
     return EXIT_OK if report.equal else EXIT_ERROR
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    """The window's compare table on the terminal: the same :func:`dcpstudio.core.diff.compare`."""
+    import json
+
+    from dcpstudio.core import open_checkpoint
+    from dcpstudio.core.diff import compare
+    from dcpstudio.core.report import compare_csv, compare_json, compare_text
+
+    bar = TerminalProgress() if not (args.quiet or args.json or args.csv) else None
+    try:
+        with (
+            open_checkpoint(args.a, trust_pickle=args.trust_pickle) as a,
+            open_checkpoint(args.b, trust_pickle=args.trust_pickle) as b,
+        ):
+            rows = compare(a, b, rtol=args.rtol, atol=args.atol, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    equal = all(r.status == "equal" for r in rows)
+    shown = [r for r in rows if not (args.differences_only and r.status == "equal")]
+    if args.json:
+        print(json.dumps(compare_json(str(args.a), str(args.b), shown, args.rtol, args.atol, equal)))
+    elif args.csv:
+        print(compare_csv(shown))
+    else:
+        print(compare_text(rows, differences_only=args.differences_only))
+    return EXIT_OK if equal else EXIT_ERROR
 
 
 def _load_table(reports: list[Any], as_json: bool) -> int:
@@ -145,7 +179,8 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
             f"{'peak RSS':>10}  check"
         )
         for r in reports:
-            check = f"ok ({r.checked} entries)" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
+            entries = "entry" if r.checked == 1 else "entries"
+            check = f"ok ({r.checked} {entries})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
             print(
                 f"{r.rank:>4} {r.seconds:>9.2f}s {r.startup:>8.2f}s {human_bytes(r.bytes_received):>11} "
                 f"{human_bytes(r.bytes_sent):>11} "
@@ -160,6 +195,7 @@ def _run_load(args: argparse.Namespace) -> int:
     if args.ranks is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         import torch.distributed as dist
 
+        check_load_flags(int(os.environ["WORLD_SIZE"]), args.mesh, world="torchrun's WORLD_SIZE is")
         dist.init_process_group("nccl" if _cuda_per_rank() else "gloo")
         try:
             world, rank = dist.get_world_size(), dist.get_rank()
@@ -183,9 +219,10 @@ def _run_load(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    mesh_size = check_load_flags(args.ranks, args.mesh)
     reports = run_load(
         args.path,
-        ranks=args.ranks or 2,
+        ranks=args.ranks if args.ranks is not None else (mesh_size or 2),
         layout=args.layout,
         mesh=args.mesh,
         timeout=args.timeout,
@@ -248,6 +285,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": _run_inspect,
     "load": _run_load,
     "verify": _run_verify,
+    "compare": _run_compare,
     "export": _run_export,
     "demo": _run_demo,
 }

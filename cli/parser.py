@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 
 
-def _add_convert_options(p: argparse.ArgumentParser) -> None:
+def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination path") -> None:
     p.add_argument("src", help="source checkpoint (DCP directory, torch.save file or safetensors)")
-    p.add_argument("dst", help="destination path")
+    p.add_argument("dst", help=dst)
     p.add_argument("--include", metavar="RE", help="keep only entries whose name matches RE (re.search)")
     p.add_argument("--exclude", metavar="RE", help="drop entries whose name matches RE (re.search)")
+    p.add_argument(
+        "--allow-empty", action="store_true", help="write the output even when --include/--exclude keep no entry"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     p.add_argument(
         "--trust-pickle",
@@ -22,6 +25,15 @@ def _add_convert_options(p: argparse.ArgumentParser) -> None:
         help="write an output many times larger than what the source stores (one storage viewed under many names)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+
+def _add_pair(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="checkpoint A: DCP directory, torch.save file or safetensors (file or directory)")
+    p.add_argument("b", help="checkpoint B, of any format")
+    p.add_argument(
+        "--rtol", type=float, default=0.0, help="relative tolerance: |a - b| <= atol + rtol·|b| (default: 0, exact)"
+    )
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default: 0, exact)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,12 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("convert", help="convert a checkpoint (target inferred from the source)")
-    _add_convert_options(p)
+    p = sub.add_parser("convert", help="convert a checkpoint (target from the destination's name, or --to)")
+    _add_convert_options(p, "destination path; without --to its name decides the format (see --to)")
     p.add_argument(
         "--to",
         choices=["dcp", "torch", "safetensors"],
-        help="target format (default: DCP <-> torch.save; safetensors -> DCP)",
+        help="target format (default: from DST: .pt/.pth/.bin torch.save, .safetensors safetensors, a trailing / "
+        "or no suffix a directory -- DCP, or sharded safetensors with --max-shard-size; any other suffix: "
+        "DCP <-> torch.save, safetensors -> DCP)",
     )
     p.add_argument("--max-shard-size", metavar="SIZE", help="safetensors: shards of at most SIZE (5GB, 500MiB) + index")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating-point tensors")
@@ -68,17 +82,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", action="store_true", help="list each tensor's chunks with their files and bytes")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
 
-    p = sub.add_parser("verify", help="compare two checkpoints of any formats (exit 0 equal, 1 different, 2 error)")
-    p.add_argument("a")
-    p.add_argument("b")
-    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
-    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)")
+    p = sub.add_parser(
+        "verify",
+        help="check that two checkpoints of any formats hold the same entries and values "
+        "(exit 0 equal, 1 different, 2 error)",
+        description="Check that A and B hold the same entries with the same values, whatever their formats: "
+        "a summary of counts, then each difference. Exit 0 when equal within the tolerances, 1 when not, 2 on error.",
+    )
+    _add_pair(p)
     p.add_argument(
         "--quick",
         action="store_true",
         help="read each tensor only up to its first differing block: where it differs, not how much",
     )
     p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        "--all",
+        dest="all",
+        action="store_true",
+        help="list every difference (default: 20 of each kind)",
+    )
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser(
+        "compare",
+        help="compare two checkpoints entry by entry: status, max |Δ|, relative L2, cosine (the window's compare view)",
+        description="Every entry of A and B compared, as the window's compare view shows it: its status, the "
+        "largest |a - b|, the relative L2 change ‖a - b‖/‖a‖ and the cosine similarity. Exit 0 when every entry "
+        "is equal within the tolerances, 1 when not, 2 on error.",
+    )
+    _add_pair(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the rows as JSON (schema in dcpstudio.core.report)")
+    out.add_argument("--csv", action="store_true", help="the rows as CSV, metrics at full precision")
+    p.add_argument("--differences-only", action="store_true", help="leave out the entries that are equal")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -87,10 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a checkpoint on N ranks in a layout and check every shard (also under torchrun)",
     )
     p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
-    p.add_argument("--ranks", type=int, help="local ranks to spawn (omit under torchrun)")
-    p.add_argument("--layout", default="shard0", choices=["replicate", "shard0", "shard1", "fsdp"])
-    p.add_argument("--mesh", help="device mesh shape, e.g. 2x2 (default: 1-D over all ranks)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="local ranks to spawn, at least 1 (default: 2, or the size of --mesh; omit under torchrun)",
+    )
+    p.add_argument(
+        "--layout",
+        default="shard0",
+        choices=["replicate", "shard0", "shard1", "fsdp"],
+        help="how each tensor is placed on the mesh: replicated, sharded on dim 0 or 1, or FSDP-style "
+        "(default: shard0)",
+    )
+    p.add_argument(
+        "--mesh", metavar="SHAPE", help="device mesh shape, at most 2-D, e.g. 2x2 (default: 1-D over all ranks)"
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped (default: 600)")
     p.add_argument(
         "--stream",
         action="store_true",
@@ -108,8 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
-    p = sub.add_parser("open", help="open the window on a checkpoint")
-    p.add_argument("path")
+    p = sub.add_parser(
+        "open",
+        help="open the window on a checkpoint",
+        description="Open the DCP Studio window on a checkpoint (a display is needed: xvfb-run on a headless machine).",
+    )
+    p.add_argument("path", help="any checkpoint: DCP directory, torch.save file, safetensors file or directory")
 
     p = sub.add_parser("demo", help="write a demo torch.save file and DCP checkpoint, convert and check them")
     p.add_argument("--dir", help="where to write (default: the user data directory)")

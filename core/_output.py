@@ -10,6 +10,7 @@ and fsynced. None of this imports torch; a cast or a non-contiguous view does, w
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,12 @@ from .progress import Reporter
 
 __all__ = [
     "INDEX_FILE",
+    "SUFFIX_TARGETS",
     "TRUST_WARNING",
     "ConversionResult",
     "check_paths",
     "check_replaceable",
+    "destination_kind",
     "io_error",
     "storage_payload",
     "write_dcp_output",
@@ -58,6 +61,28 @@ class ConversionResult:
     values: int
     tensor_bytes: int
     notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
+
+
+SUFFIX_TARGETS: dict[str, Target] = {
+    ".pt": "torch",
+    ".pth": "torch",
+    ".bin": "torch",
+    ".safetensors": "safetensors",
+}
+
+
+def destination_kind(dst: str | os.PathLike[str]) -> Target | Literal["directory", "bare"] | None:
+    """What the destination's name asks for: the format its suffix names (:data:`SUFFIX_TARGETS`),
+    ``"directory"`` for a trailing separator, ``"bare"`` for a name without a suffix, None for a
+    suffix that names no format (``llama-3.1``). Works on URLs too: only the text's last component
+    counts."""
+    text = os.fspath(dst)
+    if text.endswith((os.sep, "/")):
+        return "directory"
+    suffix = Path(text.replace(os.sep, "/").rsplit("/", 1)[-1]).suffix.lower()
+    if not suffix:
+        return "bare"
+    return SUFFIX_TARGETS.get(suffix)
 
 
 _KINDS = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}

@@ -21,11 +21,13 @@ from typing import Any, Literal
 
 from ._fanout import check_output_size
 from ._output import (
+    SUFFIX_TARGETS,
     TRUST_WARNING,
     ConversionResult,
     Target,
     check_paths,
     check_replaceable,
+    destination_kind,
     write_dcp_output,
     write_safetensors_output,
     write_torch_save_output,
@@ -44,7 +46,15 @@ from .model import refuse_expanded
 from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
 
-__all__ = ["ConversionResult", "convert", "dcp_to_torch_save", "parse_size", "torch_save_to_dcp"]
+__all__ = [
+    "SUFFIX_TARGETS",
+    "ConversionResult",
+    "convert",
+    "dcp_to_torch_save",
+    "destination_kind",
+    "parse_size",
+    "torch_save_to_dcp",
+]
 
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 _CASTS = {"bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"], "fp32": DTYPES["float32"]}
@@ -272,6 +282,7 @@ def convert(
     files: int | None = None,
     max_file_size: int | str | None = None,
     allow_expansion: bool = False,
+    allow_empty: bool = False,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -281,7 +292,9 @@ def convert(
     drops a prefix from names. For DCP targets, ``files`` spreads the data over that many files
     and ``max_file_size`` keeps each file under a size (one file by default). An output many times
     larger than what the source stores (one storage under many names) is refused with
-    :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`)."""
+    :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`). Patterns that keep
+    no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
+    matches nothing while others select is warned about (and listed in the result's notes)."""
     src_p, dst_p = as_location(src), as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = detect_format(src_p)
@@ -307,6 +320,9 @@ def convert(
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
     cast = _CASTS[dtype] if dtype else None
     with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
+        selection_notes = tuple(keep.check(ckpt.entries, allow_empty=allow_empty))
+        for note in selection_notes:
+            warnings.warn(note, stacklevel=2)
         plan = _plan(ckpt, keep, cast, views=target == "torch")
         written = [(e.fqn, e.tensor if e.tensor is not None else e.value) for e in plan]
         if target == "safetensors":
@@ -332,7 +348,7 @@ def convert(
                 strip_prefix=strip_prefix,
                 directory=directory,
             )
-    return _result(src_p, dst_p, target, plan, notes)
+    return _result(src_p, dst_p, target, plan, selection_notes + notes)
 
 
 def _expect(src: str | os.PathLike[str], fmt: Format, what: str) -> None:

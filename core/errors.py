@@ -11,8 +11,10 @@ __all__ = [
     "CorruptCheckpointError",
     "DCPStudioError",
     "DestinationExistsError",
+    "EmptySelectionError",
     "ExpansionError",
     "MissingClassError",
+    "NotATensorError",
     "UnsafePickleError",
     "UnsupportedFormatError",
 ]
@@ -64,6 +66,15 @@ class MissingClassError(UnsupportedFormatError):
             "dicts, lists, numbers)",
             what=f"{module}.{name}",
         )
+
+
+class NotATensorError(DCPStudioError, ValueError):
+    """An operation on tensors was asked for an entry that is a plain value: a fault of the input
+    named, not of the command's flags (still a ``ValueError`` for callers that catch that)."""
+
+
+class EmptySelectionError(DCPStudioError):
+    """``include``/``exclude`` keep no entry: the output would be an empty checkpoint."""
 
 
 class DestinationExistsError(DCPStudioError):

@@ -22,7 +22,7 @@ from ._output import check_paths, io_error
 from ._remote import as_location
 from ._tensor_io import to_bytes
 from .dtypes import DTYPES, DType
-from .errors import DCPStudioError, UnsupportedFormatError
+from .errors import DCPStudioError, NotATensorError, UnsupportedFormatError
 from .formats.npy import npy_descr, npy_header
 from .formats.torchsave import archive_name, write_tensor_archive
 from .inspect import Checkpoint
@@ -107,13 +107,14 @@ def export_tensor(
 
     Raises :class:`DestinationExistsError` when ``dst`` exists and ``overwrite`` is false,
     :class:`CancelledError` when ``cancel`` is set (nothing is left behind), ``ValueError`` for an
-    unknown format or an entry that is not a tensor, ``KeyError`` for a name the checkpoint lacks.
+    unknown format, :class:`NotATensorError` (a ``ValueError``) for an entry that is not a tensor,
+    ``KeyError`` for a name the checkpoint lacks.
     """
     dst_p = as_location(dst)
     kind = _format(dst_p, fmt)
     entry = ckpt.entry(fqn)
     if entry.kind != "tensor" or entry.dtype is None:
-        raise ValueError(f"{fqn} is not a tensor; only tensors can be exported")
+        raise NotATensorError(f"{fqn} is not a tensor; only tensors can be exported")
     refuse_expanded(entry, str(ckpt.path), "export")
     check_paths(ckpt.path, dst_p)
     if dst_p.is_dir() and overwrite:

@@ -13,6 +13,7 @@ JSON schema of ``dcpstudio inspect --json`` (``schema: 1``)::
                               "offset": int | null, "length": int | null,
                               "data_offset": int | null}]}]}
 
+``by_dtype`` counts non-tensor entries under ``"value"``, whatever the format.
 ``fqn`` is the flattened DCP key (``model.emb.weight``); ``file`` is relative to the checkpoint
 path (its directory, for single-file checkpoints); ``offset``/``length`` is the byte range that
 stores the chunk (for DCP: the chunk's archive; otherwise the raw bytes) and ``data_offset``
@@ -41,12 +42,30 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._remote import RemotePath
 from ._units import human_bytes
-from .diff import DiffReport, ValueMismatch
+from .diff import DiffReport, EntryComparison, ValueMismatch
+from .errors import DCPStudioError, UnsafePickleError
 from .inspect import Checkpoint
-from .model import Chunk, Node, dtype_name, printable, short_repr
+from .model import Chunk, Entry, Node, dtype_name, printable, short_repr
 
-__all__ = ["checkpoint_json", "checkpoint_text", "diff_json", "diff_text", "human_bytes"]
+__all__ = [
+    "LIST_LIMIT",
+    "STATUS_TEXT",
+    "checkpoint_json",
+    "checkpoint_text",
+    "compare_csv",
+    "compare_json",
+    "compare_summary",
+    "compare_text",
+    "diff_json",
+    "diff_summary",
+    "diff_text",
+    "human_bytes",
+    "metric",
+    "plural",
+    "value_text",
+]
 
 
 def _chunk_json(c: Chunk) -> dict[str, Any]:
@@ -92,7 +111,39 @@ def checkpoint_json(ckpt: Checkpoint, *, resolve_chunks: bool = False) -> dict[s
     }
 
 
-def _describe(ckpt: Checkpoint, node: Node) -> str:
+SHOWN_VALUE_LIMIT = 64 << 10
+"""The largest stored non-tensor value a listing reads to show it (a DCP byte item: a small
+torch.save archive, restricted-unpickled); larger ones are described by their size."""
+_SHOWN_VALUES_BUDGET = 16 << 20  # all of a listing's reads of values together...
+_SHOWN_VALUES_READS = {"local": 4096, "remote": 64}  # ...and how many reads (a remote one is a request)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 tensor``, ``2 tensors``, ``1 other value``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> str:
+    """A non-tensor entry as every format shows it: ``= 1234`` when its value can be read safely
+    and cheaply (held already, or a small item read with the restricted unpickler), else
+    ``(value, 913 B)`` and why it is not shown. ``budget`` (bytes and reads left, shared by a
+    listing's calls) bounds the reads."""
+    if e.kind == "object":
+        return f"= {short_repr(e.value, 60)}"
+    if e.byte_size > SHOWN_VALUE_LIMIT or (budget is not None and (budget[0] < e.byte_size or budget[1] < 1)):
+        return f"(value, {human_bytes(e.nbytes)})"
+    if budget is not None:
+        budget[0] -= e.byte_size
+        budget[1] -= 1
+    try:
+        value = ckpt.read_object(e.fqn, limit=SHOWN_VALUE_LIMIT)
+    except DCPStudioError as error:
+        reason = "needs --trust-pickle" if isinstance(error, UnsafePickleError) else "unreadable"
+        return f"(value, {human_bytes(e.nbytes)}, not shown: {reason})"
+    return f"= {short_repr(value, 60)}"
+
+
+def _describe(ckpt: Checkpoint, node: Node, budget: list[int]) -> str:
     e = node.entry
     if e is None:
         return ""
@@ -103,21 +154,21 @@ def _describe(ckpt: Checkpoint, node: Node) -> str:
         if e.shared_with:
             text += f" (shares storage with {', '.join(e.shared_with)})"
         return text
-    if e.kind == "object":
-        return f"= {short_repr(e.value, 60)}"
-    return f"(pickled value, {human_bytes(e.nbytes)})"
+    return value_text(ckpt, e, budget)
 
 
 def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
     tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
     lines = [
-        f"{ckpt.path} ({ckpt.format}): {tensors} tensors, {len(ckpt.entries) - tensors} other values, "
-        f"{human_bytes(ckpt.tensor_bytes)}"
+        f"{ckpt.path} ({ckpt.format}): {plural(tensors, 'tensor')}, "
+        f"{plural(len(ckpt.entries) - tensors, 'other value')}, {human_bytes(ckpt.tensor_bytes)}"
     ]
+    remote = isinstance(ckpt.path, RemotePath)
+    budget = [_SHOWN_VALUES_BUDGET, _SHOWN_VALUES_READS["remote" if remote else "local"]]
 
     def walk(node: Node, depth: int) -> None:
         for child in node.children.values():
-            desc = _describe(ckpt, child)
+            desc = _describe(ckpt, child, budget)
             suffix = "" if child.entry is not None and not child.children else "/"
             pad = "  " * depth
             lines.append(f"{pad}{printable(child.name)}{suffix}  {desc}".rstrip())
@@ -187,15 +238,146 @@ def _value_line(v: ValueMismatch) -> str:
     )
 
 
-def diff_text(report: DiffReport) -> str:
+LIST_LIMIT = 20
+"""Lines per kind of difference that ``diff_text`` prints before "… and N more"."""
+
+
+def _groups(names: list[str]) -> str:
+    """Where a list of names lies, by first component: ``" (model.*)"``, ``" (model.* 78, optim.* 2)"``."""
+    if not names:
+        return ""
+    counts: dict[str, int] = {}
+    for n in names:
+        head, dot, _ = n.partition(".")
+        key = f"{head}.*" if dot else head
+        counts[key] = counts.get(key, 0) + 1
+    if len(counts) == 1:
+        return f" ({printable(next(iter(counts)))})"
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{printable(k)} {v}" for k, v in top[:3])
+    return f" ({text}{', …' if len(top) > 3 else ''})"
+
+
+def diff_summary(report: DiffReport) -> str:
+    """One line of counts: ``equal: 310, different: 2, only in A: 80 (model.*), only in B: 0``
+    (an entry that differs in several ways counts once)."""
+    differing = {f for f, *_ in report.kind + report.dtype + report.shape} | set(report.objects)
+    differing |= {v.fqn for v in report.values}
+    return (
+        f"equal: {report.compared - len(differing)}, different: {len(differing)}, "
+        f"only in A: {len(report.only_a)}{_groups(report.only_a)}, "
+        f"only in B: {len(report.only_b)}{_groups(report.only_b)}"
+    )
+
+
+def _capped(lines: list[str], limit: int | None) -> list[str]:
+    if limit is None or len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"  … and {len(lines) - limit} more (--all lists them)"]
+
+
+def diff_text(report: DiffReport, limit: int | None = None) -> str:
+    """The summary first, then each difference: at most ``limit`` lines of each kind (None: all,
+    for a scrolling box; ``verify`` on a terminal passes :data:`LIST_LIMIT`)."""
     if report.equal:
         return f"equal: {report.compared} entries compared"
-    lines = [f"different ({report.compared} entries compared):"]
-    lines += [f"  only in A: {printable(f)}" for f in report.only_a]
-    lines += [f"  only in B: {printable(f)}" for f in report.only_b]
-    lines += [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind]
-    lines += [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype]
-    lines += [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape]
-    lines += [_value_line(v) for v in report.values]
-    lines += [f"  value differs: {printable(f)}" for f in report.objects]
+    lines = [f"A and B differ; {diff_summary(report)}"]
+    for part in (
+        [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind],
+        [f"  dtype differs: {printable(f)}: {x} vs {y}" for f, x, y in report.dtype],
+        [f"  shape differs: {printable(f)}: {x} vs {y}" for f, x, y in report.shape],
+        [_value_line(v) for v in report.values],
+        [f"  value differs: {printable(f)}" for f in report.objects],
+        [f"  only in A: {printable(f)}" for f in report.only_a],
+        [f"  only in B: {printable(f)}" for f in report.only_b],
+    ):
+        lines += _capped(part, limit)
     return "\n".join(lines)
+
+
+STATUS_TEXT = {
+    "equal": "equal",
+    "different": "different",
+    "only_a": "only in A",
+    "only_b": "only in B",
+    "kind": "kind differs",
+    "dtype": "dtype differs",
+    "shape": "shape differs",
+}
+"""What a compare row's status is called, in the window's table and on the terminal."""
+COMPARE_FIELDS = ("fqn", "status", "max_abs", "rel_l2", "cosine", "mismatched", "count", "dtype_a", "dtype_b")
+
+
+def metric(v: float | None, digits: int = 4) -> str:
+    """A compare metric as the compare table shows it: ``digits`` significant digits, "—" where
+    it does not apply."""
+    if v is None:
+        return "—"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}g}"
+
+
+def compare_summary(rows: list[EntryComparison]) -> str:
+    """:func:`diff_summary`'s line for :func:`~.diff.compare`'s rows."""
+    only_a = [r.fqn for r in rows if r.status == "only_a"]
+    only_b = [r.fqn for r in rows if r.status == "only_b"]
+    equal = sum(r.status == "equal" for r in rows)
+    return (
+        f"equal: {equal}, different: {len(rows) - equal - len(only_a) - len(only_b)}, "
+        f"only in A: {len(only_a)}{_groups(only_a)}, only in B: {len(only_b)}{_groups(only_b)}"
+    )
+
+
+def compare_text(rows: list[EntryComparison], *, differences_only: bool = False) -> str:
+    """The compare view's table: entry, status, max |Δ|, relative L2 ‖a-b‖/‖a‖, cosine; the
+    summary line last (over every row, shown or not)."""
+    shown = [r for r in rows if not (differences_only and r.status == "equal")]
+    width = min(max([len(printable(r.fqn)) for r in shown] + [5]), 80)
+    lines = [f"{'entry':<{width}}  {'status':<13} {'max |Δ|':>10} {'rel L2':>10} {'cosine':>10}"]
+    lines += [
+        f"{printable(r.fqn):<{width}}  {STATUS_TEXT.get(r.status, r.status):<13} "
+        f"{metric(r.max_abs):>10} {metric(r.rel_l2):>10} {metric(r.cosine, 6):>10}"
+        for r in shown
+    ]
+    lines.append(compare_summary(rows))
+    return "\n".join(lines)
+
+
+def _row_json(r: EntryComparison) -> dict[str, Any]:
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(r).items()}
+    out["status_text"] = STATUS_TEXT.get(r.status, r.status)
+    return out
+
+
+def compare_json(a: str, b: str, rows: list[EntryComparison], rtol: float, atol: float, equal: bool) -> dict[str, Any]:
+    """``dcpstudio compare --json``: ``{"schema": 1, "a", "b", "rtol", "atol", "equal": bool,
+    "entries": [every field of :class:`~.diff.EntryComparison`, tuples as lists, plus
+    "status_text"]}``; metrics not applicable are null, infinities ``Infinity``."""
+    return {
+        "schema": 1,
+        "a": a,
+        "b": b,
+        "rtol": rtol,
+        "atol": atol,
+        "equal": equal,
+        "entries": [_row_json(r) for r in rows],
+    }
+
+
+def compare_csv(rows: list[EntryComparison]) -> str:
+    """The rows as CSV (:data:`COMPARE_FIELDS` plus the shapes), metrics at full precision, empty
+    where they do not apply."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*COMPARE_FIELDS, "shape_a", "shape_b"])
+    for r in rows:
+        cells = [printable(r.fqn), *(getattr(r, k) for k in COMPARE_FIELDS[1:])]
+        shapes = [str(list(s)) if s is not None else "" for s in (r.shape_a, r.shape_b)]
+        writer.writerow([*("" if c is None else repr(c) if isinstance(c, float) else c for c in cells), *shapes])
+    return out.getvalue().rstrip("\n")

@@ -101,7 +101,7 @@ class Checkpoint:
     def totals_by_dtype(self) -> dict[str, Totals]:
         out: dict[str, Totals] = {}
         for e in self.entries.values():
-            key = dtype_name(e.dtype) if e.kind == "tensor" else e.kind
+            key = dtype_name(e.dtype) if e.kind == "tensor" else "value"  # one word, whatever the format
             out.setdefault(key or "?", Totals()).add_entry(e)
         return dict(sorted(out.items(), key=lambda kv: -kv[1].nbytes))
 
@@ -173,8 +173,11 @@ class Checkpoint:
         """The whole tensor named by ``ref``: its row-major bytes."""
         return to_bytes(self.read_tensor(ref.key))
 
-    def read_object(self, fqn: str) -> Any:
-        """A non-tensor value as stored; tensors inside it stay :class:`TensorRef` (no torch)."""
+    def read_object(self, fqn: str, limit: int | None = None) -> Any:
+        """A non-tensor value as stored; tensors inside it stay :class:`TensorRef` (no torch).
+        ``limit``: refuse (:class:`~..errors.DCPStudioError`) a value that would need more bytes
+        than that to read -- what a listing asks of a value it only shows (formats that hold their
+        values already read ignore it)."""
         raise NotImplementedError
 
     # -- values (torch) -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
-from ..errors import CorruptCheckpointError, UnsafePickleError
+from ..errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError
 from ..formats.dcp import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
@@ -338,12 +338,14 @@ class DCPCheckpoint(Checkpoint):
             read_exact(f, raw, view[start : start + t.nbytes], label)
         return view
 
-    def read_object(self, fqn: str) -> Any:
+    def read_object(self, fqn: str, limit: int | None = None) -> Any:
         entry = self.entry(fqn)
         if entry.kind == "tensor":
             return self.tensor_ref(fqn)
         (c,) = self.chunks(fqn)
-        f, offset, length, label = self._item_bytes(c, fqn, VALUE_LIMIT)
+        if limit is not None and (c.length or 0) > limit:
+            raise DCPStudioError(f"{fqn}: a stored value of {c.length} bytes, more than the {limit} asked for")
+        f, offset, length, label = self._item_bytes(c, fqn, VALUE_LIMIT if limit is None else min(limit, VALUE_LIMIT))
         raw = _read(f, offset, length, label)
         archive = TorchSaveFile(io.BytesIO(raw), trust_pickle=self._trust, label=label)
         return archive.obj

@@ -133,7 +133,7 @@ class SafetensorsCheckpoint(Checkpoint):
             pos += t.nbytes
         return view
 
-    def read_object(self, fqn: str) -> Any:
+    def read_object(self, fqn: str, limit: int | None = None) -> Any:
         entry = self.entry(fqn)
         return entry.value if entry.kind == "object" else self.tensor_ref(fqn)
 

@@ -182,7 +182,7 @@ class TorchCheckpoint(Checkpoint):
         offsets, sizes = _box(self.tensor_entry(fqn), region)
         read_box(f, at, ref.shape, ref.dtype, offsets, sizes, self._file_of[fqn].label, out)
 
-    def read_object(self, fqn: str) -> Any:
+    def read_object(self, fqn: str, limit: int | None = None) -> Any:
         return self._values[self.entry(fqn).fqn]
 
     def read_value(self, fqn: str) -> Any:

@@ -31,7 +31,7 @@ def test_export_npy_and_pt(rich_pt: Path, tmp_path: Path, capsys: pytest.Capture
     [
         (["model.w", "w.npy"], 1, "--overwrite"),
         (["model.w", "w.txt"], 2, "choose .npy or .pt"),
-        (["step", "s.npy"], 2, "step is not a tensor"),
+        (["step", "s.npy"], 1, "step is not a tensor"),  # the input's fault, like a missing name: 1
         (["model.nope", "n.npy"], 1, "no entry named 'model.nope'"),
     ],
 )
