@@ -11,6 +11,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersisten
 from PySide6.QtGui import QBrush, QColor
 
 from dcpstudio.core.model import printable
+from dcpstudio.core.report import STATUS_TEXT
 
 from .proxies import change_filter
 
@@ -27,15 +28,6 @@ COMPARE_COLUMNS = (
     "Shape A / B",
 )
 HIDDEN_AT_FIRST = (6, 7)  # the status says when they differ; the row's tooltip and the header menu show them
-STATUS_TEXT = {
-    "equal": "equal",
-    "different": "different",
-    "only_a": "only in A",
-    "only_b": "only in B",
-    "kind": "kind differs",
-    "dtype": "dtype differs",
-    "shape": "shape differs",
-}
 _COLOURS = {
     "equal": None,
     "different": QColor(254, 202, 202, 140),

@@ -114,14 +114,7 @@ def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool =
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DCPStudioError(f"cannot write {dst}: directory {parent} is not writable")
     clean_stale_temporaries(dst)
-    tmp_dir = parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp_dir.mkdir()
-        lock = os.open(tmp_dir / _LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except OSError as e:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise DCPStudioError(f"cannot write {dst}: {e.strerror or e}") from e
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    tmp_dir, lock = _locked_stage(parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}", dst)
     payload = tmp_dir / dst.name
     try:
         yield payload
@@ -161,14 +154,7 @@ def atomic_into(dst: Path, *, overwrite: bool, keep: Path) -> Iterator[Path]:
     if not os.access(dst, os.W_OK | os.X_OK):
         raise DCPStudioError(f"cannot write {dst}: the directory is not writable")
     clean_stale_temporaries(dst / _INTO)
-    stage = dst / f".{_INTO}{_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        stage.mkdir()
-        lock = os.open(stage / _LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except OSError as e:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise DCPStudioError(f"cannot write {dst}: {e.strerror or e}") from e
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    stage, lock = _locked_stage(dst / f".{_INTO}{_TAG}{os.getpid()}-{secrets.token_hex(4)}", dst)
     payload = stage / dst.name
     try:
         yield payload
@@ -278,3 +264,16 @@ def _publish(tmp: RemotePath, dst: RemotePath, files: list[RemotePath]) -> None:
         except Exception as e:
             raise DCPStudioError(f"cannot write {target}: copying into place failed ({type(e).__name__})") from None
         target.forget()
+
+
+def _locked_stage(stage: Path, dst: Path) -> tuple[Path, int]:
+    """A new temporary folder for writing ``dst``, held under an exclusive lock (a concurrent
+    cleaner of stale temporaries skips it): the folder and the lock's descriptor."""
+    try:
+        stage.mkdir()
+        lock = os.open(stage / _LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise DCPStudioError(f"cannot write {dst}: {e.strerror or e}") from e
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return stage, lock
