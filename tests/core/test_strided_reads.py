@@ -71,14 +71,17 @@ def test_strided_views_and_their_regions_read_as_torch_loads_them(
                 assert torch.equal(ckpt.read_tensor(name, region), value[tuple(region)]), (name, region)
 
 
+# VmHWM, not ru_maxrss: Linux carries the parent's high-water mark across fork + exec into the child's
+# ru_maxrss (a pytest process at 1.5 GiB made this child "peak" at 1.5 GiB)
 _CHILD = """
-import json, resource, sys
+import json, sys
+from pathlib import Path
 from dcpstudio.core import diff, open_checkpoint
 with open_checkpoint(sys.argv[1]) as a, open_checkpoint(sys.argv[2]) as b:
     r = diff(a, b)
 values = {v.fqn: [v.mismatched, list(v.first_index or ())] for v in r.values}
-print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "values": values,
-                  "compared": r.compared}))
+hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+print(json.dumps({"rss": int(hwm.split()[1]) * 1024, "values": values, "compared": r.compared}))
 """
 
 

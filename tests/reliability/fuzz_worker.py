@@ -152,8 +152,17 @@ def main() -> int:
 
 
 ATTACK_SHARE = 0.1
-# seconds to build (metadata-twice) or run (ZIP bombs inflate 256 MiB, walk 1M entries): test_attacks.py has them
-SLOW_ATTACKS = {"metadata-twice", "zip-storage-bomb", "zip-directory-bomb", "dcp-zstd-bomb"}
+# seconds to build (metadata-twice, 16 MiB x 1,024 fan-outs, 40k shared-row chunks) or run (ZIP bombs inflate
+# 256 MiB, walk 1M entries): test_attacks.py runs each of them in full
+SLOW_ATTACKS = {
+    "metadata-twice",
+    "zip-storage-bomb",
+    "zip-directory-bomb",
+    "dcp-zstd-bomb",
+    "torch-fanout",
+    "dcp-fanout",
+    "dcp-shared-rows",
+}
 
 
 def _mutated(bases: dict[str, Path], case: Path, rng: random.Random) -> tuple[str, Path, str]:
