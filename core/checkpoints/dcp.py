@@ -21,7 +21,7 @@ from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
-from ..errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError
+from ..errors import CancelledError, CorruptCheckpointError, DCPStudioError, UnsafePickleError
 from ..formats.dcp import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
@@ -124,8 +124,8 @@ class DCPCheckpoint(Checkpoint):
                     raise copy.copy(self._refused)  # a fresh one: no traceback holding this checkpoint
                 try:
                     self._index = self._read_index()
-                except (CorruptCheckpointError, UnsafePickleError) as e:
-                    self._refused = copy.copy(e)
+                except (CorruptCheckpointError, UnsafePickleError, CancelledError) as e:
+                    self._refused = copy.copy(e)  # cancelled (closed): whoever waited next must not start again
                     raise
         return self._index
 

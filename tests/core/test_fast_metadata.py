@@ -310,6 +310,12 @@ def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypa
     assert time.monotonic() - started < 5 and child.poll() is not None
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
     assert not dcp_children._CHILDREN and not dcp_children._STOPPED
+    # whoever asks next (a preview job that waited behind it) is told the same, and starts no parse
+    started_children: list[Any] = []
+    monkeypatch.setattr(dcp_children, "start_child", lambda *a: started_children.append(a))
+    with pytest.raises(CancelledError):
+        ckpt.wait_index()
+    assert started_children == []
 
 
 def test_a_metadata_over_the_size_read_is_refused_as_too_large_not_damaged(tmp_path: Path) -> None:
