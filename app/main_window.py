@@ -280,7 +280,8 @@ class MainWindow(QMainWindow):
             if files:
                 base = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
                 folder = (base / files[0]).parent
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):  # no launcher here (xdg-open missing)
+            self.notifier.error(OSError(f"No file manager could be started to show {folder}; open it by hand."))
 
     def cancel_work(self) -> None:
         for kind in _CANCELLABLE:

@@ -235,6 +235,11 @@ class ConvertPanel(QWidget):
                 opts["max_shard_size"] = split
             elif target == "dcp":
                 opts["max_file_size"] = split
+            else:  # nothing silent: a torch.save checkpoint is one file
+                raise ValueError(
+                    f"Split at {split}: a torch.save checkpoint is one file; clear the field, or convert to DCP or "
+                    "safetensors"
+                )
         return opts
 
     # -- converting -----------------------------------------------------------------------------------

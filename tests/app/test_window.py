@@ -347,3 +347,31 @@ def test_a_checkpoint_replaced_in_the_window_is_freed(
     qtbot.wait(50)  # deferred deletions
     gc.collect()
     assert first() is None
+
+
+def test_split_at_is_refused_for_torch_save_not_ignored(
+    qtbot: Any, window: MainWindow, rich_pt: Path, tmp_path: Path
+) -> None:
+    """'Split at' cannot apply to a torch.save target: said, and nothing is written (issue 25, item 12)."""
+    open_by_drop(qtbot, window, rich_pt)
+    dst = tmp_path / "out.pt"
+    window.choose_destination = lambda target, src: dst  # type: ignore[method-assign]
+    window.panel.split.setText("1MB")
+    qtbot.mouseClick(window.panel.buttons["torch"], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "torch.save checkpoint is one file" in window.message_bar.text(), timeout=5000)
+    assert window.message_bar.level == "error" and not dst.exists()
+    assert "convert" not in window.jobs or not window.jobs["convert"].running
+
+
+def test_show_in_file_manager_says_so_when_no_launcher_starts(
+    qtbot: Any, window: MainWindow, rich_pt: Path, monkeypatch: Any
+) -> None:
+    """Without a launcher (no xdg-open) Qt's openUrl fails: said, not silent (issue 25, item 12)."""
+    from PySide6.QtGui import QDesktopServices
+
+    open_by_drop(qtbot, window, rich_pt)
+    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(lambda url: False))
+    assert window.ckpt is not None
+    window.show_in_file_manager(window.ckpt.tree)
+    assert "No file manager could be started" in window.message_bar.text()
+    assert str(rich_pt.parent) in window.message_bar.text()
