@@ -62,7 +62,7 @@ def preview_values(ckpt: Checkpoint, fqn: str) -> Preview:
     entry = ckpt.entries[fqn]
     if entry.kind != "tensor":
         value = ckpt.read_value(fqn)
-        return value, f"a {type(value).__name__}"
+        return value, f"the {kind_text(entry, value)}"  # "Showing the value (int)", as Kind says
     shape = tuple(entry.shape or ())
     region = [slice(0, min(_PREVIEW, s) if i < 2 else min(1, s)) for i, s in enumerate(shape)]
     t = ckpt.read_tensor(fqn, region)

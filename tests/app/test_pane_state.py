@@ -192,3 +192,13 @@ def test_kinds_read_the_same_in_every_format(qtbot: Any, window: MainWindow, tmp
     assert window.select("s")
     qtbot.waitUntil(lambda: window.details.preview_caption.text().startswith("Showing"), timeout=20_000)
     assert window.details.prop_labels["Kind"].text() == "tensor"  # a 0-d tensor is a tensor
+
+
+def test_a_value_preview_is_captioned_in_the_kind_vocabulary(tmp_path: Path) -> None:
+    """'Showing the value (int)' -- as Details' Kind says it -- not 'Showing a int' (issue 25, item 14)."""
+    from dcpstudio.app.widgets.details import preview_values
+    from dcpstudio.core import open_checkpoint
+
+    torch.save({"step": 7, "w": torch.zeros(2)}, tmp_path / "m.pt")
+    with open_checkpoint(tmp_path / "m.pt") as ckpt:
+        assert preview_values(ckpt, "step") == (7, "the value (int)")
