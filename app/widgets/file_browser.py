@@ -29,10 +29,13 @@ __all__ = ["CheckpointFileModel", "FileBrowser"]
 
 _LABELS = {"dcp": "DCP", "torch": "torch.save", "safetensors": "safetensors"}
 _SNIFF = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json", ".pkl", ".tar")
+# what marks a folder as a checkpoint, found by a stat each (no listing of the folder on the GUI thread)
+_MARKERS = (".metadata", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 class CheckpointFileModel(QFileSystemModel):
-    """Adds a "Checkpoint" column: DCP directories, torch.save and safetensors files."""
+    """Adds a "Checkpoint" column: DCP directories, sharded folders with their index, torch.save and
+    safetensors files."""
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -52,7 +55,8 @@ class CheckpointFileModel(QFileSystemModel):
             return ""
         if key not in self._cache:
             label = ""
-            if (path.is_dir() and (path / ".metadata").is_file()) or (path.is_file() and path.suffix.lower() in _SNIFF):
+            folder = path.is_dir() and any((path / name).is_file() for name in _MARKERS)
+            if folder or (path.is_file() and path.suffix.lower() in _SNIFF):
                 try:
                     label = _LABELS.get(detect_format(path), "")
                 except DCPStudioError:

@@ -247,6 +247,11 @@ def test_file_browser_names_checkpoint_formats(qtbot: Any, rich_pt: Path, tmp_pa
     assert model.format_of(tmp_path / "d") == "DCP"
     assert model.format_of(tmp_path / "w.safetensors") == "safetensors"
     assert model.format_of(tmp_path / "notes.txt") == ""
+    sharded = tmp_path / "hf"  # a sharded folder is labelled as its shards are (issue 25, item 14)
+    sharded.mkdir()
+    save_file({"w": torch.ones(1)}, sharded / "model-00001-of-00001.safetensors")
+    (sharded / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model-00001-of-00001.safetensors"}}')
+    assert model.format_of(sharded) == "safetensors"
 
 
 def test_errors_from_other_threads_reach_the_message_bar(qtbot: Any, window: MainWindow) -> None:
