@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import html
 import platform
+import re
 import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
 
 from .locations import is_remote
@@ -197,7 +198,15 @@ def show_readme(parent: QWidget) -> QDialog:
     dialog.setWindowTitle("DCP Studio — Read Me")
     view = QTextBrowser()
     view.setOpenExternalLinks(True)
-    view.setMarkdown(readme_text())
+    # the README's pictures are not installed with the package: their captions instead of broken images
+    view.setMarkdown(re.sub(r"!\[([^\]]*)\]\([^)]*\)", r"*(picture: \1)*", readme_text()))
+    block = view.document().begin()
+    while block.isValid():  # code blocks wrap at the width too: no sideways scrolling to read a command
+        fmt = block.blockFormat()
+        if fmt.nonBreakableLines():
+            fmt.setNonBreakableLines(False)
+            QTextCursor(block).setBlockFormat(fmt)
+        block = block.next()
     buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
     buttons.rejected.connect(dialog.reject)
     lay = QVBoxLayout(dialog)

@@ -461,3 +461,20 @@ def test_find_inspect_slice_compare_and_convert_with_the_keyboard_only(
     keys((Qt.Key.Key_1, ctrl))  # Convert to DCP
     finish(qtbot, window, "convert")
     assert (tmp_path / "a_dcp" / ".metadata").is_file()
+
+
+def test_read_me_shows_no_broken_picture_and_no_sideways_scrolling(qtbot: Any, window: MainWindow) -> None:
+    """The README's pictures are not installed: their captions show instead; code lines wrap at the
+    dialog's width (issue 25, item 14)."""
+    from PySide6.QtWidgets import QTextBrowser
+
+    from dcpstudio.app.menus import show_readme
+
+    dialog = show_readme(window)
+    qtbot.addWidget(dialog)
+    view = dialog.findChild(QTextBrowser)
+    assert view is not None
+    assert "<img" not in view.toHtml() and "(picture: " in view.toPlainText()
+    qtbot.waitUntil(lambda: view.document().size().width() > 0, timeout=5000)
+    assert view.horizontalScrollBar().maximum() == 0
+    dialog.close()
