@@ -11,7 +11,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersisten
 from PySide6.QtGui import QBrush, QColor
 
 from dcpstudio.core.model import printable
-from dcpstudio.core.report import STATUS_TEXT
+from dcpstudio.core.report import STATUS_TEXT, metric
 
 from .proxies import change_filter
 
@@ -37,16 +37,6 @@ _COLOURS = {
 ROW_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 AnyIndex = QModelIndex | QPersistentModelIndex
-
-
-def _num(v: float | None, digits: int = 4) -> str:
-    if v is None:
-        return "—"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.{digits}g}"
 
 
 def _pair(a: Any, b: Any) -> str:
@@ -97,11 +87,11 @@ class CompareModel(QAbstractTableModel):
         if col == 1:
             return STATUS_TEXT.get(r.status, r.status)
         if col == 2:
-            return _num(r.max_abs)
+            return metric(r.max_abs)
         if col == 3:
-            return _num(r.rel_l2)
+            return metric(r.rel_l2)
         if col == 4:
-            return _num(r.cosine, 6)
+            return metric(r.cosine, 6)
         if col == 5:
             return f"{100 * r.mismatched / r.count:.3g} %" if r.count else "—"
         if col == 6:
