@@ -116,24 +116,32 @@ def _run_inspect(args: argparse.Namespace) -> int:
 def _run_verify(args: argparse.Namespace) -> int:
     import json
 
-    from dcpstudio.core import diff, open_checkpoint
-    from dcpstudio.core.report import LIST_LIMIT, diff_json, diff_text
+    from dcpstudio.core.report import LIST_LIMIT
+    from dcpstudio.core.transform import Transform
+    from dcpstudio.core.verify import verify
 
+    transform = Transform(args.include, args.exclude, args.dtype, args.strip_prefix)
     bar = TerminalProgress() if not (args.quiet or args.json) else None
     try:
-        with (
-            open_checkpoint(args.a, trust_pickle=args.trust_pickle) as a,
-            open_checkpoint(args.b, trust_pickle=args.trust_pickle) as b,
-        ):
-            report = diff(a, b, rtol=args.rtol, atol=args.atol, progress=bar, quick=args.quick)
+        result = verify(
+            args.a,
+            args.b,
+            transform,
+            rtol=args.rtol,
+            atol=args.atol,
+            quick=args.quick,
+            trust_pickle=args.trust_pickle,
+            allow_empty=args.allow_empty,
+            progress=bar,
+        )
     finally:
         if bar is not None:
             bar.close()
     if args.json:
-        print(json.dumps(diff_json(report)))
+        print(json.dumps(result.json()))
     else:
-        print(diff_text(report, limit=None if args.all else LIST_LIMIT))
-    return EXIT_OK if report.equal else EXIT_ERROR
+        print(result.text(limit=None if args.all else LIST_LIMIT))
+    return EXIT_OK if result.equal else EXIT_ERROR
 
 
 def _run_compare(args: argparse.Namespace) -> int:

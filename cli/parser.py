@@ -36,6 +36,18 @@ def _add_pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default: 0, exact)")
 
 
+def _add_transform(p: argparse.ArgumentParser) -> None:
+    """``verify``'s view of A through a conversion: the options of ``convert`` that change entries."""
+    g = p.add_argument_group("A as converted (the options B was written with)")
+    g.add_argument("--include", metavar="RE", help="only A's entries whose name matches RE (re.search)")
+    g.add_argument("--exclude", metavar="RE", help="not A's entries whose name matches RE (re.search)")
+    g.add_argument(
+        "--dtype", "--cast", choices=["bf16", "fp16", "fp32"], help="A's floating-point tensors cast by torch first"
+    )
+    g.add_argument("--strip-prefix", metavar="PREFIX", help="PREFIX dropped from A's names (safetensors B only)")
+    g.add_argument("--allow-empty", action="store_true", help="accept --include/--exclude that keep no entry")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpstudio",
@@ -87,9 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="check that two checkpoints of any formats hold the same entries and values "
         "(exit 0 equal, 1 different, 2 error)",
         description="Check that A and B hold the same entries with the same values, whatever their formats: "
-        "a summary of counts, then each difference. Exit 0 when equal within the tolerances, 1 when not, 2 on error.",
+        "a summary of counts, then each difference. Exit 0 when equal within the tolerances, 1 when not, 2 on error. "
+        "To verify a conversion's output B against its source A, give the options it was converted with "
+        "(--include, --exclude, --dtype, --strip-prefix): B is compared with A as the conversion wrote it, "
+        "casts exactly (A cast by torch, as convert does).",
     )
     _add_pair(p)
+    _add_transform(p)
     p.add_argument(
         "--quick",
         action="store_true",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from .formats.dcp import DCPItem, write_dcp
 from .formats.safetensors import SafetensorsWriter
 from .formats.torchsave import TorchSaveWriter, archive_name
 from .progress import Reporter
+from .transform import Transform
 
 __all__ = [
     "INDEX_FILE",
@@ -61,6 +62,9 @@ class ConversionResult:
     values: int
     tensor_bytes: int
     notes: tuple[str, ...] = ()  # what the user should know (also issued as warnings)
+    transform: Transform = field(
+        default_factory=Transform
+    )  # what was kept, renamed and cast: what verifying it looks through
 
 
 SUFFIX_TARGETS: dict[str, Target] = {

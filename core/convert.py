@@ -36,15 +36,15 @@ from ._refs import StorageRef, TensorRef
 from ._remote import as_location
 from ._tensor_io import materialize, to_bytes
 from ._tree import iter_tensors, set_element
-from .dtypes import DTYPES, DType
+from .dtypes import DType
 from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
 from .formats.values import ENCODING, ENCODING_KEY, VALUES_KEY, NotStorable, encode_value
 from .inspect import ROOT_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
 from .model import refuse_expanded
-from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
+from .transform import CASTS, Transform
 
 __all__ = [
     "SUFFIX_TARGETS",
@@ -57,7 +57,6 @@ __all__ = [
 ]
 
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
-_CASTS = {"bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"], "fp32": DTYPES["float32"]}
 _MAX_STORED_VALUES = 64 << 10
 
 
@@ -121,20 +120,21 @@ class _Entry:
     value: Any = None
 
 
-def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, views: bool) -> list[_Entry]:
+def _plan(ckpt: Checkpoint, transform: Transform, views: bool) -> list[_Entry]:
     """The output's entries; ``views`` when the target keeps views as views (torch.save: a cast
     casts each storage once, and its views stay views of it)."""
     paths = ckpt.paths()
     out = []
     casts: dict[tuple[int, str], StorageRef] = {}
     for fqn, entry in ckpt.entries.items():
-        if not keep(fqn):
+        if not transform.keep(fqn):
             continue
         path = paths.get(fqn, (fqn,))
         if entry.kind == "tensor":
             t = ckpt.tensor_ref(fqn)
             compact = views
-            if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
+            cast = transform.cast_of(t.dtype)
+            if cast is not None:
                 view = _cast_view(t, cast, fqn, casts) if views else None
                 compact = view is not None
                 t = view if view is not None else _cast(t, cast, fqn)
@@ -146,10 +146,12 @@ def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, views: bool) -
     return out
 
 
-def _result(src: Path, dst: Path, target: Target, plan: list[_Entry], notes: tuple[str, ...] = ()) -> ConversionResult:
+def _result(
+    src: Path, dst: Path, target: Target, plan: list[_Entry], notes: tuple[str, ...], transform: Transform
+) -> ConversionResult:
     tensors = [e.tensor for e in plan if e.tensor is not None]
     return ConversionResult(
-        src, dst, target, len(tensors), len(plan) - len(tensors), sum(t.nbytes for t in tensors), notes
+        src, dst, target, len(tensors), len(plan) - len(tensors), sum(t.nbytes for t in tensors), notes, transform
     )
 
 
@@ -220,14 +222,14 @@ def _to_safetensors(
     reporter: Reporter,
     *,
     max_shard_size: int | None,
-    strip_prefix: str | None,
+    transform: Transform,
     directory: bool,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
     tensors: list[tuple[str, TensorRef]] = []
     values: dict[str, Any] = {}
     for e in plan:
-        name = e.fqn[len(strip_prefix) :] if strip_prefix and e.fqn.startswith(strip_prefix) else e.fqn
+        name = transform.rename(e.fqn)
         if name in names:
             raise DCPStudioError(f"{e.fqn} and {names[name]} both become {name!r}; adjust --strip-prefix")
         names[name] = e.fqn
@@ -308,22 +310,21 @@ def convert(
     if files is not None and files < 1:
         raise ValueError("files must be at least 1")
     file_limit = parse_size(max_file_size) if isinstance(max_file_size, str) else max_file_size
-    if dtype is not None and dtype not in _CASTS:
+    if dtype is not None and dtype not in CASTS:
         raise ValueError(f"unknown dtype {dtype!r} (expected bf16, fp16 or fp32)")
     shard_limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
     if shard_limit is not None and shard_limit <= 0:
         raise ValueError("max_shard_size must be positive")
     check_paths(src_p, dst_p, target)
     check_replaceable(dst_p, target, overwrite, src_p)
-    keep = NameFilter(include, exclude)
+    transform = Transform(include, exclude, dtype, strip_prefix)
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    cast = _CASTS[dtype] if dtype else None
     with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
-        selection_notes = tuple(keep.check(ckpt.entries, allow_empty=allow_empty))
+        selection_notes = tuple(transform.keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
             warnings.warn(note, stacklevel=2)
-        plan = _plan(ckpt, keep, cast, views=target == "torch")
+        plan = _plan(ckpt, transform, views=target == "torch")
         written = [(e.fqn, e.tensor if e.tensor is not None else e.value) for e in plan]
         if target == "safetensors":
             written = [(fqn, t) for fqn, t in written if isinstance(t, TensorRef)]
@@ -333,7 +334,7 @@ def convert(
         reporter.check()
         notes: tuple[str, ...] = ()
         if target == "torch":
-            whole = len(plan) == len(ckpt.entries) and cast is None
+            whole = len(plan) == len(ckpt.entries) and dtype is None
             _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
         elif target == "dcp":
             _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit)
@@ -345,10 +346,10 @@ def convert(
                 overwrite,
                 reporter,
                 max_shard_size=shard_limit,
-                strip_prefix=strip_prefix,
+                transform=transform,
                 directory=directory,
             )
-    return _result(src_p, dst_p, target, plan, selection_notes + notes)
+    return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 
 
 def _expect(src: str | os.PathLike[str], fmt: Format, what: str) -> None:
