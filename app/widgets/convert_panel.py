@@ -10,32 +10,33 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
-from dcpstudio.core import ConversionResult, DiffReport, ExpansionError, convert, diff, open_checkpoint
+from dcpstudio.core import ConversionResult, DiffReport, ExpansionError, convert
 from dcpstudio.core.convert import parse_size
-from dcpstudio.core.report import diff_text, human_bytes
+from dcpstudio.core.report import human_bytes
+from dcpstudio.core.verify import Verification, verify
 
 from ..context import Context
-from ..locations import Location, accept_copy, dropped_locations, is_remote, location, name_of
+from ..locations import Location, is_remote, location, name_of
 from ..workers import Job
+from .drop_button import DropButton
+from .outcome import HEIGHT, OutcomeBox
 
 __all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "suggest_destination"]
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
-REPORT_HEIGHT = 76  # a long report scrolls inside the box; the window never grows
+REPORT_HEIGHT = HEIGHT
 SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
 _KINDS = ("convert", "verify")
 
@@ -65,26 +66,6 @@ def _same(a: object, b: object) -> bool:
     if is_remote(a) or is_remote(b):
         return location(a) == location(b)
     return Path(a).resolve() == Path(b).resolve()  # type: ignore[arg-type]
-
-
-class DropButton(QPushButton):
-    """A button that also takes a dropped file, directory or URL (``dropped(location)``)."""
-
-    dropped = Signal(object)
-
-    def __init__(self, text: str, parent: QWidget | None = None) -> None:
-        super().__init__(text, parent)
-        self.setAcceptDrops(True)
-
-    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        accept_copy(event)
-
-    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
-        accept_copy(event)
-
-    def dropEvent(self, event: QDropEvent) -> None:
-        if accept_copy(event):
-            self.dropped.emit(dropped_locations(event)[0])
 
 
 def _tolerance(box: QLineEdit, name: str) -> float:
@@ -149,11 +130,8 @@ class ConvertPanel(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setToolTip("Stop the conversion or verification (Esc); nothing is left behind")
         self.cancel_button.clicked.connect(self.cancel)
-        self.report = QPlainTextEdit()
-        self.report.setReadOnly(True)
-        self.report.setMaximumBlockCount(5000)
-        self.report.setFixedHeight(REPORT_HEIGHT)
-        self.report.setPlaceholderText("The outcome of a conversion or verification appears here.")
+        self.outcome = OutcomeBox()
+        self.report = self.outcome.text
         self.open_button = QPushButton("Open result")
         self.open_button.clicked.connect(self.open_result)
         self.verify_button = QPushButton("Verify")
@@ -182,7 +160,7 @@ class ConvertPanel(QWidget):
         lay.addLayout(row)
         lay.addLayout(form)
         lay.addLayout(progress_row)
-        lay.addWidget(self.report)
+        lay.addWidget(self.outcome)
         lay.addLayout(outcome)
         self.set_busy(False)
 
@@ -202,7 +180,7 @@ class ConvertPanel(QWidget):
         self.open_button.setEnabled(not busy and has_result)
         self.verify_button.setEnabled(not busy and has_result)
         if busy:
-            self.report.setPlainText(text)
+            self.outcome.show_outcome(text)
 
     def set_progress(self, fraction: float, text: str) -> None:
         self.progress.setValue(int(fraction * 1000))
@@ -262,7 +240,7 @@ class ConvertPanel(QWidget):
         try:
             options = self.options(target)
         except ValueError as e:
-            self.ctx.notifier.error(e)
+            self._refused(e)
             return None
         chosen = dst or self.choose_destination(target, source)
         if chosen is None:
@@ -305,7 +283,7 @@ class ConvertPanel(QWidget):
             "convert", work, lambda r: self._converted(r, cast), lambda: self.set_busy(False), self._progress
         )
         job.cancelled.connect(lambda: self.report.setPlainText("Cancelled; nothing was written."))
-        job.errored.connect(lambda e: self.report.setPlainText(f"Failed: {e}"))
+        job.errored.connect(lambda e: self.outcome.show_outcome(f"Failed: {e}", "error"))
         job.errored.connect(lambda e: self._expanded(e, target, source, dst))
         return job
 
@@ -326,11 +304,12 @@ class ConvertPanel(QWidget):
 
     def _converted(self, result: ConversionResult, cast: object) -> None:
         self.last_result = result
-        self.report.setPlainText(
+        self.outcome.show_outcome(
             f"Wrote {result.dst} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}"
             + (f", floating-point tensors cast to {cast}" if cast else "")
             + "."
-            + "".join(f"\n{note}" for note in result.notes)
+            + "".join(f"\n{note}" for note in result.notes),
+            "ok",
         )
         self.ctx.notifier.info(f"Converted to {result.dst}", [("Open result", self.open_result)])
 
@@ -343,29 +322,35 @@ class ConvertPanel(QWidget):
             index = target / "model.safetensors.index.json"
             self.open_requested.emit(index if index.exists() else target)
 
+    def _refused(self, e: Exception) -> None:
+        """A request refused before it started: said in the panel, where it was made, and noted."""
+        self.outcome.show_outcome(f"Not started: {e}", "error")
+        self.ctx.notifier.error(e)
+
     def verify(self) -> Job | None:
+        """Compare the last conversion's result with its source *through* the options it was written
+        with (kept entries, cast, new names: :func:`dcpstudio.core.verify.verify`)."""
         if self.last_result is None:
             self.ctx.notifier.info("Convert a checkpoint first: Verify compares its source and its result.")
             return None
         try:
             rtol, atol = _tolerance(self.rtol, "rtol"), _tolerance(self.atol, "atol")
         except ValueError as e:
-            self.ctx.notifier.error(e)
+            self._refused(e)
             return None
-        a, b = self.last_result.src, self.last_result.dst
+        a, b, transform = self.last_result.src, self.last_result.dst, self.last_result.transform
         self.set_busy(True, f"Verifying {name_of(a)} against {name_of(b)}")
 
-        def work(progress: Any, cancel: Any) -> DiffReport:
-            with open_checkpoint(a) as x, open_checkpoint(b) as y:
-                return diff(x, y, rtol=rtol, atol=atol, progress=progress, cancel=cancel)
+        def work(progress: Any, cancel: Any) -> Verification:
+            return verify(a, b, transform=transform, rtol=rtol, atol=atol, progress=progress, cancel=cancel)
 
-        def done(report: DiffReport) -> None:
-            self.last_diff = report
-            self.report.setPlainText(diff_text(report))
+        def done(result: Verification) -> None:
+            self.last_diff = result.report
+            self.outcome.show_outcome(result.text(), "ok" if result.equal else "differ")
 
         job = self.ctx.start("verify", work, done, lambda: self.set_busy(False), self._progress)
         job.cancelled.connect(lambda: self.report.setPlainText("Verification cancelled."))
-        job.errored.connect(lambda e: self.report.setPlainText(f"Verification failed: {e}"))
+        job.errored.connect(lambda e: self.outcome.show_outcome(f"Verification failed: {e}", "error"))
         return job
 
     def cancel(self) -> None:

@@ -235,7 +235,7 @@ def test_verify_cancels_and_reports_in_a_box_that_does_not_grow(
     assert window.panel.verify() is None and "rtol" in window.message_bar.text()
     window.panel.rtol.clear()
     started = threading.Event()
-    real = cp.diff
+    real = cp.verify
 
     def held(x: Any, y: Any, *, progress: Any, cancel: Any, **kw: Any) -> Any:
         started.set()
@@ -243,7 +243,7 @@ def test_verify_cancels_and_reports_in_a_box_that_does_not_grow(
             time.sleep(0.01)
         return real(x, y, progress=progress, cancel=cancel, **kw)
 
-    monkeypatch.setattr(cp, "diff", held)
+    monkeypatch.setattr(cp, "verify", held)
     window.panel.verify()
     assert started.wait(20) and window.menu_actions["cancel"].isEnabled()
     window.menu_actions["cancel"].trigger()  # Esc
