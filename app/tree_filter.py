@@ -21,18 +21,7 @@ from dcpstudio.core.model import Totals, dtype_name
 
 from .kinds import value_type
 
-__all__ = ["Aggregate", "EntryFilter", "Selection", "TreeIndex", "human_count", "totals_by_kind"]
-
-
-def human_count(n: int) -> str:
-    """``1,234`` below ten thousand, then ``12.3 K``, ``1.2 M``, ``7.24 B``."""
-    if n < 10_000:
-        return f"{n:,}"
-    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return str(n)
+__all__ = ["Aggregate", "EntryFilter", "Selection", "TreeIndex", "totals_by_kind"]
 
 
 @dataclass

@@ -18,10 +18,10 @@ from PySide6.QtGui import QBrush, QColor, QFont
 
 from dcpstudio.core import Node
 from dcpstudio.core.model import printable
-from dcpstudio.core.report import human_bytes
+from dcpstudio.core.report import exact_count, human_bytes, human_count
 
 from .kinds import value_type
-from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex, human_count
+from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex
 
 __all__ = ["COLUMNS", "NODE_ROLE", "SORT_ROLE", "CheckpointTreeModel"]
 
@@ -222,7 +222,7 @@ class CheckpointTreeModel(QAbstractItemModel):
             if col != TYPE:
                 return None
             n = self.totals(node).entries
-            return f"{n:,} entries" if n != 1 else "1 entry"
+            return f"{exact_count(n)} entries" if n != 1 else "1 entry"
         if col == TYPE:
             return value_type(e)
         if col == SHAPE:
@@ -260,9 +260,9 @@ class CheckpointTreeModel(QAbstractItemModel):
             return _MATCH if col == NAME and self.is_match(node) else None
         if role == Qt.ItemDataRole.ToolTipRole:
             if col == PARAMS:
-                return f"{self.totals(node).params:,} elements"
+                return f"{exact_count(self.totals(node).params)} elements"
             if col == SIZE:
-                return f"{self.totals(node).nbytes:,} bytes"
+                return f"{exact_count(self.totals(node).nbytes)} bytes"
             return printable(node.path)
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, SIZE, CHUNKS):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -177,7 +177,7 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
     import json
     from dataclasses import asdict
 
-    from dcpstudio.core.report import human_bytes
+    from dcpstudio.core.report import human_bytes, plural
 
     if as_json:
         print(json.dumps([{**asdict(r), "ok": r.ok} for r in reports]))
@@ -187,8 +187,7 @@ def _load_table(reports: list[Any], as_json: bool) -> int:
             f"{'peak RSS':>10}  check"
         )
         for r in reports:
-            entries = "entry" if r.checked == 1 else "entries"
-            check = f"ok ({r.checked} {entries})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
+            check = f"ok ({plural(r.checked, 'entry')})" if r.ok else f"MISMATCH: {', '.join(r.mismatches[:5])}"
             print(
                 f"{r.rank:>4} {r.seconds:>9.2f}s {r.startup:>8.2f}s {human_bytes(r.bytes_received):>11} "
                 f"{human_bytes(r.bytes_sent):>11} "

@@ -1,13 +1,40 @@
-"""Sizes as people read them: the one formatting every message, table and status bar uses."""
+"""Numbers as people read them: the one number style every pane, table, message and the CLI use.
+
+Two kinds of number, one rule each:
+
+- a *magnitude* (a tensor's elements, a group's parameters, bytes) is exact below its first unit,
+  then one decimal and a unit: ``913``, ``3.2 K``, ``65.5 K``, ``2.3 M``, ``7.2 B``; ``913 B``,
+  ``1.2 KiB``, ``65.5 MiB`` (:func:`human_count`, :func:`human_bytes`). The same number never
+  reads "3,200" in one pane and "3.2 K" in the next, nor "2.29 M" beside "2.3 M".
+- a *count a user checks* (entries, matches, mismatched or non-finite values, ranks) is exact, in
+  thousands: ``1,374,862`` (:func:`exact_count`), on the terminal as in the window.
+"""
 
 from __future__ import annotations
 
-__all__ = ["human_bytes"]
+__all__ = ["exact_count", "human_bytes", "human_count"]
+
+
+def _one_decimal(n: float, base: int, units: tuple[str, ...]) -> str:
+    if abs(n) < base:
+        return f"{n:.0f}" + (f" {units[0]}" if units[0] else "")
+    for unit in units[1:]:
+        n /= base
+        if abs(n) < base - 0.05 or unit == units[-1]:  # 999.96 K reads "1.0 M", not "1000.0 K"
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """``913 B``, ``1.2 KiB``, ``65.5 MiB``, ``1.0 GiB`` (powers of 1024)."""
+    return _one_decimal(n, 1024, ("B", "KiB", "MiB", "GiB", "TiB"))
+
+
+def human_count(n: float) -> str:
+    """``913``, ``3.2 K``, ``65.5 K``, ``2.3 M``, ``7.2 B``, ``1.5 T`` (powers of 1000)."""
+    return _one_decimal(n, 1000, ("", "K", "M", "B", "T"))
+
+
+def exact_count(n: int) -> str:
+    """``1,374,862``: a count shown to the unit."""
+    return f"{n:,}"

@@ -43,7 +43,7 @@ import math
 from typing import Any
 
 from ._remote import RemotePath
-from ._units import human_bytes
+from ._units import exact_count, human_bytes, human_count
 from .diff import DiffReport, EntryComparison, ValueMismatch
 from .errors import DCPStudioError, UnsafePickleError
 from .inspect import Checkpoint
@@ -61,7 +61,9 @@ __all__ = [
     "diff_json",
     "diff_summary",
     "diff_text",
+    "exact_count",
     "human_bytes",
+    "human_count",
     "metric",
     "plural",
     "value_text",
@@ -119,8 +121,10 @@ _SHOWN_VALUES_READS = {"local": 4096, "remote": 64}  # ...and how many reads (a 
 
 
 def plural(n: int, word: str) -> str:
-    """``1 tensor``, ``2 tensors``, ``1 other value``."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """``1 tensor``, ``2 tensors``, ``1,024 other values``, ``3 entries``."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{exact_count(n)} {word[:-1]}ies" if word.endswith("y") else f"{exact_count(n)} {word}s"
 
 
 def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> str:
@@ -181,12 +185,11 @@ def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
             walk(child, depth + 1)
 
     walk(ckpt.tree, 1)
-    lines.append("totals by dtype:")
-    lines += [f"  {k:<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_dtype().items()]
-    lines.append("totals by prefix:")
-    lines += [
-        f"  {printable(k):<16} {t.count:>7} {human_bytes(t.nbytes):>12}" for k, t in ckpt.totals_by_prefix().items()
-    ]
+    for title, totals in (("dtype", ckpt.totals_by_dtype()), ("prefix", ckpt.totals_by_prefix())):
+        lines.append(f"totals by {title}:")
+        lines += [
+            f"  {printable(k):<16} {exact_count(t.count):>9} {human_bytes(t.nbytes):>12}" for k, t in totals.items()
+        ]
     return "\n".join(lines)
 
 
@@ -222,20 +225,18 @@ def diff_json(report: DiffReport) -> dict[str, Any]:
 
 def _value_line(v: ValueMismatch) -> str:
     """Four significant digits (``0``, ``0.001``, ``2.5e-07``), and why a maximum is infinite."""
-    most = f"inf ({v.nonfinite} NaN/Inf against a different value)" if v.nonfinite else f"{v.max_abs:.4g}"
+    most = f"inf ({exact_count(v.nonfinite)} NaN/Inf against a different value)" if v.nonfinite else f"{v.max_abs:.4g}"
     rel = "inf (B is 0 where A is not)" if v.max_rel == math.inf else f"{v.max_rel:.4g}"
     first = f", first at {list(v.first_index)}" if v.first_index is not None else ""
+    counted = f"{exact_count(v.mismatched)}/{exact_count(v.count)} elements"
     if v.partial:
         return (
-            f"  values differ: {printable(v.fqn)}{first}: {v.mismatched}/{v.count} elements read up to the first "
+            f"  values differ: {printable(v.fqn)}{first}: {counted} read up to the first "
             f"differing block, max abs {most}, max rel {rel} (--quick: the rest not read)"
         )
     l2 = f", rel L2 {v.rel_l2:.4g}" if v.rel_l2 is not None else ""
     l2 += " over the finite pairs" if l2 and v.nonfinite else ""
-    return (
-        f"  values differ: {printable(v.fqn)}{first}: {v.mismatched}/{v.count} elements, "
-        f"max abs {most}, max rel {rel}{l2}"
-    )
+    return f"  values differ: {printable(v.fqn)}{first}: {counted}, max abs {most}, max rel {rel}{l2}"
 
 
 LIST_LIMIT = 20
@@ -254,7 +255,7 @@ def _groups(names: list[str]) -> str:
     if len(counts) == 1:
         return f" ({printable(next(iter(counts)))})"
     top = sorted(counts.items(), key=lambda kv: -kv[1])
-    text = ", ".join(f"{printable(k)} {v}" for k, v in top[:3])
+    text = ", ".join(f"{printable(k)} {exact_count(v)}" for k, v in top[:3])
     return f" ({text}{', …' if len(top) > 3 else ''})"
 
 
@@ -264,23 +265,23 @@ def diff_summary(report: DiffReport) -> str:
     differing = {f for f, *_ in report.kind + report.dtype + report.shape} | set(report.objects)
     differing |= {v.fqn for v in report.values}
     return (
-        f"equal: {report.compared - len(differing)}, different: {len(differing)}, "
-        f"only in A: {len(report.only_a)}{_groups(report.only_a)}, "
-        f"only in B: {len(report.only_b)}{_groups(report.only_b)}"
+        f"equal: {exact_count(report.compared - len(differing))}, different: {exact_count(len(differing))}, "
+        f"only in A: {exact_count(len(report.only_a))}{_groups(report.only_a)}, "
+        f"only in B: {exact_count(len(report.only_b))}{_groups(report.only_b)}"
     )
 
 
 def _capped(lines: list[str], limit: int | None) -> list[str]:
     if limit is None or len(lines) <= limit:
         return lines
-    return [*lines[:limit], f"  … and {len(lines) - limit} more (--all lists them)"]
+    return [*lines[:limit], f"  … and {exact_count(len(lines) - limit)} more (--all lists them)"]
 
 
 def diff_text(report: DiffReport, limit: int | None = None) -> str:
     """The summary first, then each difference: at most ``limit`` lines of each kind (None: all,
     for a scrolling box; ``verify`` on a terminal passes :data:`LIST_LIMIT`)."""
     if report.equal:
-        return f"equal: {report.compared} entries compared"
+        return f"equal: {exact_count(report.compared)} entries compared"
     lines = [f"A and B differ; {diff_summary(report)}"]
     for part in (
         [f"  kind differs: {printable(f)}: {x} vs {y}" for f, x, y in report.kind],
@@ -326,8 +327,9 @@ def compare_summary(rows: list[EntryComparison]) -> str:
     only_b = [r.fqn for r in rows if r.status == "only_b"]
     equal = sum(r.status == "equal" for r in rows)
     return (
-        f"equal: {equal}, different: {len(rows) - equal - len(only_a) - len(only_b)}, "
-        f"only in A: {len(only_a)}{_groups(only_a)}, only in B: {len(only_b)}{_groups(only_b)}"
+        f"equal: {exact_count(equal)}, different: {exact_count(len(rows) - equal - len(only_a) - len(only_b))}, "
+        f"only in A: {exact_count(len(only_a))}{_groups(only_a)}, "
+        f"only in B: {exact_count(len(only_b))}{_groups(only_b)}"
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._blocks import BLOCK_BUDGET
+from ._histogram import HIST_BINS, add_counts, binnable, hist_edges, hist_range
 from .inspect import Checkpoint
 from .progress import CancelToken, ProgressCallback, Reporter
 
@@ -124,13 +125,15 @@ def summarise_slice(
     spec: SliceSpec,
     *,
     max_bins: tuple[int, int] = (256, 256),
-    hist_bins: int = 50,
+    hist_bins: int = HIST_BINS,
     budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> SliceSummary:
     """Heatmap, range and histogram of a slice, reading it in strips of rows of at most ``budget``
-    bytes (twice: the histogram needs the range). Complex values are summarised by magnitude."""
+    bytes (twice: the histogram needs the range). Complex values are summarised by magnitude. The
+    histogram is binned as :func:`~.stats.tensor_stats` bins it (:mod:`._histogram`): a 2-D
+    tensor's whole slice gets the bins and counts Details shows for the tensor."""
     import torch
 
     entry = ckpt.tensor_entry(fqn)
@@ -149,15 +152,16 @@ def summarise_slice(
     lo, hi = math.inf, -math.inf
 
     def strips() -> Iterator[tuple[int, torch.Tensor]]:
+        """Each strip's values as :func:`binnable` gives them (in the tensor's own float type)."""
         for r0 in range(0, n_rows, strip):
             reporter.check()
             r1 = min(n_rows, r0 + strip)
             x = read_window(ckpt, fqn, spec, r0, r1, 0, n_cols)
             reporter.advance(x.numel() * x.element_size(), items=0, current=fqn)
-            x = x.abs() if x.is_complex() else x
-            yield r0, x.to(torch.float64)
+            yield r0, binnable(x).reshape(x.shape)
 
-    for r0, x in strips():
+    for r0, raw in strips():
+        x = raw.to(torch.float64)
         finite = torch.isfinite(x)
         out.count += x.numel()
         out.finite += int(finite.sum())
@@ -173,12 +177,11 @@ def summarise_slice(
     out.heat = heat.tolist()
     if out.finite:
         out.min, out.max = lo, hi
-        top = hi if hi > lo else lo + 1
-        hist = torch.zeros(hist_bins, dtype=torch.float64)
+        low, top = hist_range(lo, hi)
+        hist = torch.zeros(hist_bins, dtype=torch.int64)
         for _, x in strips():
-            x = x[torch.isfinite(x)]
-            if x.numel():
-                hist += torch.histc(x, bins=hist_bins, min=lo, max=top)
-        out.hist_edges = [lo + (top - lo) * k / hist_bins for k in range(hist_bins + 1)]
+            x = x.reshape(-1)
+            add_counts(x[torch.isfinite(x)] if x.dtype.is_floating_point else x, hist, low, top)
+        out.hist_edges = hist_edges(low, top, hist_bins)
         out.hist_counts = [int(v) for v in hist.tolist()]
     return out

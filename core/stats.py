@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ._blocks import BLOCK_BUDGET, blocks, box_slices
 from ._buffers import BufferPool
+from ._histogram import HIST_BINS, add_counts, binnable, hist_edges, hist_range
 from .inspect import Checkpoint
 from .model import dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -73,24 +74,6 @@ class _Totals:
         self.finite = total
 
 
-def _numeric(raw: torch.Tensor) -> torch.Tensor:
-    """A flat view (or small copy) of ``raw`` in a dtype torch's reductions accept, values exact."""
-    import torch
-
-    x = raw.reshape(-1)
-    if x.dtype.is_complex:
-        return x.abs()
-    if x.dtype == torch.bool:
-        return x.view(torch.uint8)
-    if x.dtype.is_floating_point:
-        return x if x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else x.float()
-    if x.dtype in (torch.uint16, torch.uint32):
-        return x.to(torch.int64)
-    if x.dtype == torch.uint64:
-        return x.to(torch.float64)
-    return x
-
-
 def _finite_part(x: torch.Tensor, acc: _Totals) -> list[torch.Tensor]:
     """Counts ``x``'s elements, NaNs and infinities into ``acc``; returns its finite values as
     pieces: ``[x]`` when all are finite, views between the few non-finite ones, or one masked copy
@@ -136,22 +119,6 @@ def _accumulate(good: torch.Tensor, acc: _Totals, ranged: bool) -> None:
         acc.merge(k, mean, float(torch.dot(d, d)))
 
 
-def _histogram(good: torch.Tensor, hist: torch.Tensor, lo: float, hi: float) -> None:
-    import torch
-
-    for start in range(0, good.numel(), _SUB):
-        part = good[start : start + _SUB]
-        if not part.dtype.is_floating_point:
-            part = part.to(torch.float64)
-        elif part.element_size() < 4:  # bins placed in float32, not in the half type
-            part = part.float()
-        low, high = lo, hi
-        if (high - low) * hist.numel() > torch.finfo(part.dtype).max:  # histc's arithmetic would overflow:
-            scale = 2.0 ** -(math.ceil(math.log2(hist.numel())) + 2)  # bin scaled values (a power of two: exact)
-            part, low, high = part * scale, low * scale, high * scale
-        hist += torch.histc(part, bins=hist.numel(), min=low, max=high).to(torch.int64)
-
-
 def _read_blocks(ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter) -> Iterator[torch.Tensor]:
     """The tensor's blocks, flat, in row-major order. Each block's buffer is reused for a later one:
     the caller keeps nothing of a block (views included) once it asks for the next."""
@@ -172,7 +139,7 @@ def tensor_stats(
     ckpt: Checkpoint,
     fqn: str,
     *,
-    bins: int = 64,
+    bins: int = HIST_BINS,
     budget: int = BLOCK_BUDGET,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
@@ -191,7 +158,7 @@ def tensor_stats(
     acc = _Totals()
     kept: list[torch.Tensor] = []
     for raw in _read_blocks(ckpt, fqn, budget, reporter):
-        x = _numeric(raw)
+        x = binnable(raw)
         pieces = _finite_part(x, acc)
         for good in pieces:
             _accumulate(good, acc, ranged=good is x and x.dtype.is_floating_point)
@@ -200,13 +167,13 @@ def tensor_stats(
     edges: list[float] = []
     counts: list[int] = []
     if bins > 0 and acc.finite > 0:
-        lo, hi = acc.lo, acc.hi if acc.hi > acc.lo else acc.lo + 1
+        lo, hi = hist_range(acc.lo, acc.hi)
         hist = torch.zeros(bins, dtype=torch.int64)
         again = () if one_block else _read_blocks(ckpt, fqn, budget, reporter)
-        for pieces in itertools.chain([kept], (_finite_part(_numeric(raw), _Totals()) for raw in again)):
+        for pieces in itertools.chain([kept], (_finite_part(binnable(raw), _Totals()) for raw in again)):
             for good in pieces:
-                _histogram(good, hist, lo, hi)
-        edges = [lo * (1 - i / bins) + hi * (i / bins) for i in range(bins + 1)]  # no overflow: hi - lo may
+                add_counts(good, hist, lo, hi)
+        edges = hist_edges(lo, hi, bins)
         counts = [int(c) for c in hist.tolist()]
     finite = acc.finite
     return TensorStats(

@@ -29,17 +29,17 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats, tensor_stats
 from dcpstudio.core.model import Entry, Totals, dtype_name, printable, short_repr
-from dcpstudio.core.report import human_bytes
+from dcpstudio.core.report import exact_count, human_bytes, human_count
 
 from ..context import Context
 from ..kinds import kind_text
 from ..locations import is_remote, name_of
 from ..notify import describe
-from ..tree_filter import human_count, totals_by_kind
+from ..tree_filter import totals_by_kind
 from .drawing import ChunkDrawing, Histogram
 from .pane_error import PaneError
 
-__all__ = ["DetailsPanel", "Preview", "preview_values", "slice_label"]
+__all__ = ["DetailsPanel", "Preview", "elements_text", "preview_values", "slice_label"]
 
 
 _PREVIEW = 12
@@ -196,9 +196,9 @@ class DetailsPanel(QStackedWidget):
         tensors = sum(t.count for k, t in by_dtype.items() if k != "value")
         t = root.totals
         self.summary_title.setText(
-            f"<b>{html.escape(printable(name_of(ckpt.path)))}</b> — {ckpt.format}, {tensors:,} tensors "
+            f"<b>{html.escape(printable(name_of(ckpt.path)))}</b> — {ckpt.format}, {exact_count(tensors)} tensors "
             f"({human_count(t.params)} parameters, {human_bytes(t.tensor_bytes)}), "
-            f"{t.count - tensors:,} other values"
+            f"{exact_count(t.count - tensors)} other values"
         )
         _fill(self.by_dtype, _rows(by_dtype))
         _fill(self.by_prefix, _rows({printable(k): n.totals for k, n in root.children.items()}))
@@ -230,7 +230,7 @@ class DetailsPanel(QStackedWidget):
 
         def work(progress: Any, cancel: Any) -> tuple[str, Any, Any, Any]:
             values = preview_values(ckpt, fqn)
-            stats = tensor_stats(ckpt, fqn, bins=40, progress=progress, cancel=cancel) if tensor else None
+            stats = tensor_stats(ckpt, fqn, progress=progress, cancel=cancel) if tensor else None
             try:
                 resolved = ckpt.resolve_chunks(fqn) if tensor else (ckpt.chunks(fqn) if remote else [])
             except Exception as e:  # the values are shown; the chunk layout is not (as in show_selection)
@@ -274,8 +274,8 @@ class DetailsPanel(QStackedWidget):
         values["Name"] = printable(node.path or node.name)
         agg = node.totals
         if e is None:
-            values["Kind"] = f"group of {agg.count:,} entries"
-            values["Elements"] = f"{agg.params:,} in its tensors"
+            values["Kind"] = f"group of {exact_count(agg.count)} entries"
+            values["Elements"] = f"{elements_text(agg.params)} in its tensors"
             values["Size"] = human_bytes(agg.tensor_bytes)
         else:
             values["Kind"] = kind_text(e)
@@ -284,7 +284,7 @@ class DetailsPanel(QStackedWidget):
             if e.shard_of is not None:
                 values["Shape"] += f" — a shard, at {list(e.shard_of[0])} of a larger tensor"
             if e.kind == "tensor":
-                values["Elements"] = f"{e.numel:,}"
+                values["Elements"] = elements_text(e.numel)
                 values["Size"] = human_bytes(e.nbytes)
             if e.storage is not None:
                 values["Stored"] = f"record data/{e.storage}, offset {e.storage_offset}, stride {list(e.stride or ())}"
@@ -368,8 +368,8 @@ class DetailsPanel(QStackedWidget):
             return
         self.stats_label.setText(
             f"min {stats.min:.6g} · max {stats.max:.6g} · mean {stats.mean:.6g} · std {stats.std:.6g} · "
-            f"NaN {stats.nan:,} · +Inf {stats.posinf:,} · −Inf {stats.neginf:,} · zeros {stats.zeros:,}"
-            + (f" ({stats.note})" if stats.note else "")
+            f"NaN {exact_count(stats.nan)} · +Inf {exact_count(stats.posinf)} · −Inf {exact_count(stats.neginf)} · "
+            f"zeros {exact_count(stats.zeros)}" + (f" ({stats.note})" if stats.note else "")
         )
         self.histogram.set_data(stats.hist_edges, stats.hist_counts)
 
@@ -380,7 +380,13 @@ _GROUP_WALK = 20_000  # entries below a group whose dtype breakdown is worth a w
 def _rows(totals: dict[str, Totals]) -> list[list[Any]]:
     """Table rows (name, entries, params, tensor bytes), largest first."""
     ordered = sorted(totals.items(), key=lambda kv: (-kv[1].tensor_bytes, -kv[1].count))
-    return [[k, f"{t.count:,}", human_count(t.params), human_bytes(t.tensor_bytes)] for k, t in ordered]
+    return [[k, exact_count(t.count), human_count(t.params), human_bytes(t.tensor_bytes)] for k, t in ordered]
+
+
+def elements_text(n: int) -> str:
+    """A magnitude in the one number style, exact beside it once it is rounded: ``3.2 K (3,200)``."""
+    short = human_count(n)
+    return short if short == exact_count(n) else f"{short} ({exact_count(n)})"
 
 
 def _fmt(v: Any) -> str:

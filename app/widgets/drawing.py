@@ -9,12 +9,15 @@ from pathlib import Path
 
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QMouseEvent, QPainter, QPaintEvent, QPen
-from PySide6.QtWidgets import QSizePolicy, QWidget
+from PySide6.QtWidgets import QPushButton, QSizePolicy, QWidget
 
 from dcpstudio.core import Chunk
+from dcpstudio.core.report import exact_count, human_bytes
 from dcpstudio.core.slices import SliceSummary
 
-__all__ = ["ChunkDrawing", "Heatmap", "Histogram", "heat_colour"]
+from ..axes import count_ticks, tick_text, value_ticks
+
+__all__ = ["ChunkDrawing", "DrawButton", "Heatmap", "Histogram", "count_ticks", "heat_colour"]
 
 _PALETTE = ["#f97316", "#3b82f6", "#10b981", "#a855f7", "#ef4444", "#eab308", "#06b6d4", "#ec4899"]
 
@@ -99,24 +102,11 @@ class ChunkDrawing(QWidget):
         p.end()
 
 
-def count_ticks(top: int, most: int = 3) -> list[int]:
-    """Round, distinct counts from 0 up to ``top`` for a count axis: a step of 1, 2 or 5 times a power
-    of ten, at most ``most`` + 1 ticks -- never "1 / 0 / 0" for a small histogram."""
-    if top <= 0:
-        return [0]
-    scale = 1
-    while True:
-        for step in (scale, 2 * scale, 5 * scale):
-            if top // step <= most:
-                return list(range(0, top + 1, step))
-        scale *= 10
-
-
 class Histogram(QWidget):
     """Bars of a histogram with a count axis (left), a value axis (below) and, under the mouse,
     the bin's range and count."""
 
-    _BOTTOM, _TOP = 20.0, 6.0
+    _BOTTOM, _TOP = 20.0, 10.0  # room for the value labels below, half a count label above
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -133,7 +123,8 @@ class Histogram(QWidget):
     @property
     def left_margin(self) -> float:
         """Room for the widest count label (1,374,862 is never cut to 374,862)."""
-        widest = max(self.fontMetrics().horizontalAdvance(f"{t:,}") for t in count_ticks(max(self.counts, default=0)))
+        fm = self.fontMetrics()
+        widest = max(fm.horizontalAdvance(exact_count(t)) for t in count_ticks(max(self.counts, default=0)))
         return max(40.0, widest + 12.0)
 
     def _plot(self) -> QRectF:
@@ -144,6 +135,41 @@ class Histogram(QWidget):
             max(10.0, self.width() - left - 8),
             max(10.0, self.height() - self._TOP - self._BOTTOM),
         )
+
+    def count_labels(self) -> list[tuple[float, QRectF, str]]:
+        """The count axis: (y, label box, text) per tick, the boxes inside the widget."""
+        plot = self._plot()
+        top = max(self.counts, default=0) or 1
+        h = float(self.fontMetrics().height())
+        out = []
+        for tick in count_ticks(max(self.counts, default=0)):
+            y = plot.bottom() - plot.height() * tick / top
+            box = QRectF(0, min(max(0.0, y - h / 2), self.height() - h), plot.left() - 6, h)
+            out.append((y, box, exact_count(tick)))
+        return out
+
+    def value_labels(self) -> list[tuple[float, QRectF, str]]:
+        """The value axis: (x, label box, text) per round tick between the first and last edge;
+        as many as fit without touching, the boxes inside the widget."""
+        if len(self.edges) < 2:
+            return []
+        plot, fm = self._plot(), self.fontMetrics()
+        lo, hi = self.edges[0], self.edges[-1]
+        most = 6
+        while True:
+            ticks, step = value_ticks(lo, hi, most)
+            texts = [tick_text(t, step) for t in ticks]
+            widths = [fm.horizontalAdvance(t) + 8.0 for t in texts]
+            spacing = plot.width() * step / (hi - lo) if step > 0 and hi > lo else plot.width()
+            if most == 1 or max(widths, default=0.0) <= spacing:
+                break
+            most -= 1
+        out = []
+        for t, text, w in zip(ticks, texts, widths, strict=True):
+            x = plot.left() + plot.width() * (t - lo) / (hi - lo) if hi > lo else plot.left()
+            left = min(max(0.0, x - w / 2), self.width() - w)
+            out.append((x, QRectF(left, plot.bottom() + 3, w, fm.height()), text))
+        return out
 
     def bin_at(self, x: float) -> int | None:
         plot = self._plot()
@@ -156,7 +182,7 @@ class Histogram(QWidget):
         if i is None:
             self.setToolTip("")
             return
-        self.setToolTip(f"[{self.edges[i]:.6g}, {self.edges[i + 1]:.6g}): {self.counts[i]:,} values")
+        self.setToolTip(f"[{self.edges[i]:.6g}, {self.edges[i + 1]:.6g}): {exact_count(self.counts[i])} values")
 
     def paintEvent(self, event: QPaintEvent) -> None:
         if not self.counts or len(self.edges) != len(self.counts) + 1:
@@ -170,27 +196,16 @@ class Histogram(QWidget):
         for i, c in enumerate(self.counts):
             bh = plot.height() * c / top
             p.drawRect(QRectF(plot.left() + i * step, plot.bottom() - bh, max(step - 1, 1), bh))
-        axis = QPen(QColor("#6b7280"))
-        p.setPen(axis)
+        p.setPen(QPen(QColor("#6b7280")))
         p.drawLine(plot.bottomLeft(), plot.bottomRight())
         p.drawLine(plot.bottomLeft(), plot.topLeft())
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
-        for tick in count_ticks(max(self.counts)):  # counts
-            y = plot.bottom() - plot.height() * tick / top
+        for y, box, text in self.count_labels():
             p.drawLine(QPointF(plot.left() - 3, y), QPointF(plot.left(), y))
-            p.drawText(QRectF(0, y - 8, plot.left() - 6, 16), right, f"{tick:,}")
-        lo, hi = self.edges[0], self.edges[-1]
-        ticks = 4 if plot.width() >= 360 else 2  # labels never overlap
-        for k in range(ticks + 1):  # values
-            x = plot.left() + plot.width() * k / ticks
+            p.drawText(box, right, text)
+        for x, box, text in self.value_labels():
             p.drawLine(QPointF(x, plot.bottom()), QPointF(x, plot.bottom() + 3))
-            if k == 0:
-                align, left = Qt.AlignmentFlag.AlignLeft, x
-            elif k == ticks:
-                align, left = Qt.AlignmentFlag.AlignRight, x - 90
-            else:
-                align, left = Qt.AlignmentFlag.AlignHCenter, x - 45
-            p.drawText(QRectF(left, plot.bottom() + 3, 90, 16), align, f"{lo + (hi - lo) * k / ticks:.4g}")
+            p.drawText(box, Qt.AlignmentFlag.AlignCenter, text)
         p.end()
 
 
@@ -294,3 +309,25 @@ class Heatmap(QWidget):
             f"rows 0–{s.row_edges[-1] - 1} ↓ · colour: mean {self._lo:.3g} … {self._hi:.3g}",
         )
         p.end()
+
+
+class DrawButton(QPushButton):
+    """Draws a slice's heatmap and histogram where they are not drawn by themselves: says what it
+    reads, and why it waits to be asked."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Draw heatmap && histogram", parent)
+        keep = self.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)  # its row does not jump when it shows
+        self.setSizePolicy(keep)
+
+    def offer(self, size: int, auto: int, shown: bool) -> None:
+        """``size``: the bytes drawing reads; ``auto``: the largest slice drawn unasked; ``shown``:
+        whether the pictures are missing."""
+        self.setText(f"Draw heatmap && histogram (reads {human_bytes(size)})")
+        self.setToolTip(
+            f"drawing the heatmap and histogram reads all {human_bytes(size)} of this slice (in strips: memory "
+            f"stays bounded). Slices up to {human_bytes(auto)} are drawn as they are shown; a larger one "
+            "when asked, as its read takes a while."
+        )
+        self.setVisible(shown)

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from dcpstudio.core.load import LAYOUTS, run_load
-from dcpstudio.core.report import human_bytes
+from dcpstudio.core.report import human_bytes, plural
 
 from ..context import Context
 from ..locations import is_remote, location, shown
@@ -169,7 +169,7 @@ class LoadPanel(QGroupBox):
     def show_reports(self, reports: list[Any]) -> None:
         self.table.setRowCount(len(reports))
         for row, r in enumerate(reports):
-            check = f"ok ({r.checked})" if r.ok else "MISMATCH: " + ", ".join(r.mismatches[:3])
+            check = f"ok ({plural(r.checked, 'entry')})" if r.ok else "MISMATCH: " + ", ".join(r.mismatches[:3])
             cells = [
                 r.rank,
                 f"{r.startup:.2f} s",

@@ -177,7 +177,8 @@ class TreePane(QWidget):
         header = self.view.header()
         metrics = self.view.fontMetrics()
         pad = 2 * metrics.horizontalAdvance("0")
-        widest = {TYPE: tree.widest_type, SHAPE: tree.widest_shape, PARAMS: "999 M", SIZE: "1023.9 MiB", CHUNKS: "9999"}
+        widest = {TYPE: tree.widest_type, SHAPE: tree.widest_shape, PARAMS: "999.9 M", SIZE: "1023.9 MiB"}
+        widest[CHUNKS] = "9999"
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
         for col, text in widest.items():
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import Checkpoint
 from dcpstudio.core.model import dtype_name, printable
-from dcpstudio.core.report import human_bytes
+from dcpstudio.core.report import exact_count, human_bytes
 from dcpstudio.core.slices import SliceSpec, SliceSummary, summarise_slice
 
 from ..context import Context
@@ -33,7 +33,7 @@ from ..locations import is_remote
 from ..notify import describe
 from ..value_model import TileLoader, ValueTableModel, csv_text, selection_csv, tile_texts
 from ..workers import Job
-from .drawing import Heatmap, Histogram
+from .drawing import DrawButton, Heatmap, Histogram
 from .pane_error import PaneError
 
 __all__ = ["COPY_LIMIT", "ValueExplorer", "csv_text"]
@@ -72,16 +72,12 @@ class ValueExplorer(QWidget):
             box.setKeyboardTracking(False)
             box.valueChanged.connect(lambda _: self.go_to(self.goto_row.value(), self.goto_col.value()))
         dims = QHBoxLayout()
-        dims.addWidget(QLabel("Rows"))
-        dims.addWidget(self.rows_box)
-        dims.addWidget(QLabel("Columns"))
-        dims.addWidget(self.cols_box)
+        for w in (QLabel("Rows"), self.rows_box, QLabel("Columns"), self.cols_box):
+            dims.addWidget(w)
         dims.addLayout(self.index_row)
         dims.addStretch(1)
-        dims.addWidget(self.slice_label)
-        dims.addWidget(QLabel("Go to"))
-        dims.addWidget(self.goto_row)
-        dims.addWidget(self.goto_col)
+        for where in (self.slice_label, QLabel("Go to"), self.goto_row, self.goto_col):
+            dims.addWidget(where)
         self.table = QTableView()
         self.table.setTabKeyNavigation(False)
         widest = self.table.fontMetrics().horizontalAdvance("-0.000123457")  # 6 significant digits, never elided
@@ -99,8 +95,7 @@ class ValueExplorer(QWidget):
         self.export_button = QPushButton("Export tensor…")
         self.export_button.setToolTip("Write this tensor to a .npy or .pt file")
         self.export_button.clicked.connect(self.export)
-        self.summary_button = QPushButton("Heatmap && histogram")
-        self.summary_button.setToolTip("Read the whole slice and summarise it (bounded memory)")
+        self.summary_button = DrawButton()  # shown only where it can draw: never disabled
         self.summary_button.clicked.connect(self.summarise)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
@@ -109,11 +104,8 @@ class ValueExplorer(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.cancel)
         actions = QHBoxLayout()
-        for w in (self.copy_button, self.export_button, self.summary_button):
-            actions.addWidget(w)
-        actions.addStretch(1)
-        actions.addWidget(self.progress)
-        actions.addWidget(self.cancel_button)
+        for act in (self.copy_button, self.export_button, self.summary_button, None, self.progress, self.cancel_button):
+            actions.addStretch(1) if act is None else actions.addWidget(act)
         self.heatmap = Heatmap()
         self.heatmap.clicked.connect(self.go_to)
         self.histogram = Histogram()
@@ -147,13 +139,24 @@ class ValueExplorer(QWidget):
     def _enable(self, on: bool) -> None:
         for w in (self.rows_box, self.cols_box, self.goto_row, self.goto_col, self.copy_button, self.export_button):
             w.setEnabled(on)
-        self.summary_button.setEnabled(on)
         self.read_error.clear()
 
     def _set_busy(self, busy: bool) -> None:
         self.progress.setEnabled(busy)
         self.progress.setValue(0)
         self.cancel_button.setEnabled(busy)
+        self._offer_summary()
+
+    def slice_bytes(self) -> int:
+        """What summarising the slice shown reads: all of it."""
+        dtype = self.ckpt.tensor_entry(self.fqn).dtype if self.ckpt is not None and self.fqn is not None else None
+        return self.spec.n_rows * self.spec.n_cols * dtype.itemsize if self.spec is not None and dtype else 0
+
+    def _offer_summary(self) -> None:
+        """Draw shows while the pictures are missing (too large a slice, a summary cancelled or failed)."""
+        job = self.ctx.board.jobs.get(self._kind("summary"))
+        missing = self.spec is not None and self.summary is None and not (job is not None and job.running)
+        self.summary_button.offer(self.slice_bytes(), _AUTO_SUMMARY, missing)
 
     def _kind(self, what: str) -> str:
         return f"{self.name}-{what}"
@@ -217,10 +220,10 @@ class ValueExplorer(QWidget):
         self.goto_col.setRange(0, max(0, spec.n_cols - 1))
         self._set_summary(None)
         self.read_error.clear()
-        entry = ckpt.tensor_entry(fqn)
-        itemsize = entry.dtype.itemsize if entry.dtype is not None else 1
-        if spec.n_rows * spec.n_cols * itemsize <= _AUTO_SUMMARY:
+        if self.slice_bytes() <= _AUTO_SUMMARY:
             self.summarise()
+        else:
+            self.summary_label.setText(f"Not drawn by itself: {self.summary_button.toolTip()}")
 
     def _rebuild_index_boxes(self, spec: SliceSpec) -> None:
         while self.index_row.count():
@@ -282,6 +285,7 @@ class ValueExplorer(QWidget):
     def _set_summary(self, summary: SliceSummary | None) -> None:
         self.summary = summary
         self.heatmap.set_summary(summary)
+        self._offer_summary()
         if summary is None:
             self.histogram.set_data([], [])
             self.summary_label.setText("")
@@ -289,8 +293,8 @@ class ValueExplorer(QWidget):
         self.histogram.set_data(summary.hist_edges, summary.hist_counts)
         bad = summary.count - summary.finite
         self.summary_label.setText(
-            f"{summary.count:,} values in {summary.spec.label()}: min {summary.min:.6g}, max {summary.max:.6g}"
-            + (f", {bad:,} not finite" if bad else "")
+            f"{exact_count(summary.count)} values in {summary.spec.label()}: "
+            f"min {summary.min:.6g}, max {summary.max:.6g}" + (f", {exact_count(bad)} not finite" if bad else "")
         )
 
     def summarise(self) -> Job | None:
@@ -308,6 +312,7 @@ class ValueExplorer(QWidget):
                 self._set_summary(summary)
 
         job = self.ctx.start(self._kind("summary"), work, done, lambda: self._set_busy(False), self._progress)
+        self._offer_summary()
         job.cancelled.connect(lambda: self.summary_label.setText("Summary cancelled."))
         job.errored.connect(lambda e: self._failed(e, spec))
         return job
@@ -376,11 +381,9 @@ class ValueExplorer(QWidget):
             return None
         if dst.suffix.lower() not in (".npy", ".pt"):
             dst = dst.with_name(dst.name + ".npy")
-        overwrite = False
-        if dst.exists():
-            if not self.ctx.confirm(f"{dst} exists. Replace it?"):
-                return None
-            overwrite = True
+        overwrite = dst.exists()
+        if overwrite and not self.ctx.confirm(f"{dst} exists. Replace it?"):
+            return None
         self._set_busy(True)
 
         def work(progress: Any, cancel: Any) -> Any:
