@@ -76,6 +76,19 @@ def _save_sets(rank: int, world: int, report: Any, root: str) -> None:
     fully_shard(model, mesh=one)
     Path(root, "fsdp2").mkdir(exist_ok=True)
     torch.save(model.state_dict(), f"{root}/fsdp2/model_{rank}.pt")
+    _save_bad(rank, root, one, full["w"])
+
+
+def _save_bad(rank: int, root: str, mesh: Any, w: torch.Tensor) -> None:
+    """``mismatch``: rank 1 declares another global shape; ``partial``: a pending reduction."""
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    good = distribute_tensor(w, mesh, [Shard(0)])
+    shape = (11, 6) if rank == 1 else tuple(w.shape)
+    bad = DTensor.from_local(good.to_local(), mesh, [Shard(0)], shape=shape, stride=(6, 1), run_check=False)
+    for name, sd in (("mismatch", {"w": bad}), ("partial", {"w": DTensor.from_local(w, mesh, [Partial()])})):
+        Path(root, name).mkdir(exist_ok=True)
+        torch.save(sd, f"{root}/{name}/model_{rank}.pt")
 
 
 def fsdp2_full() -> dict[str, torch.Tensor]:

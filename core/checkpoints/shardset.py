@@ -23,7 +23,7 @@ from .._refs import StorageRef, TensorRef
 from ..errors import CorruptCheckpointError
 from ..formats.dcp import check_tiling
 from ..formats.detect import Format
-from ..model import Chunk, Entry, relative
+from ..model import Chunk, Entry, dtype_name, relative
 from .base import Checkpoint, Region, _box, _overlaps, _place
 from .torchsave import TorchCheckpoint
 
@@ -115,8 +115,8 @@ class ShardSetCheckpoint(Checkpoint):
                     or fqn not in self._ranks[parts[fqn][0][0]].placed
                 ):
                     raise CorruptCheckpointError(
-                        f"{path}: {name} holds {fqn!r} as {dt.dtype} {list(dt.shape)}, an earlier rank as "
-                        f"{first.dtype} {list(first.shape or ())}"
+                        f"{path}: {name} holds {fqn!r} as {dtype_name(dt.dtype)} {list(dt.shape)}, an earlier rank as "
+                        f"{dtype_name(first.dtype)} {list(first.shape or ())}"
                     )
                 if all(o != offsets for _, o in parts[fqn]):
                     parts[fqn].append((rank, offsets))
