@@ -19,7 +19,7 @@ from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSourc
 from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["GET_LAYOUT", "REBUILD", "TORCH_SAVE_GLOBALS", "LazyStorages", "get_layout"]
+__all__ = ["GET_LAYOUT", "REBUILD", "TORCH_SAVE_GLOBALS", "LazyStorages", "UnreadableRef", "get_layout"]
 
 
 def _tensor(
@@ -118,7 +118,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     if not isinstance(args, tuple):
         raise CorruptCheckpointError("damaged tensor rebuild in pickle")
     if getattr(func, "refuses", False):
-        func(*args)  # raises what it cannot read
+        return func(*args)  # an UnreadableRef
     if func is _rebuild_wrapper_subclass:
         out = func(*args)
         if not isinstance(out, DTensorRef) or new_type is not args[0]:
@@ -136,14 +136,28 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     return out
 
 
+class UnreadableRef:
+    """A tensor of a kind DCP Studio cannot read (sparse, quantized, nested): kept under its name so
+    the rest of the file opens, and refused with ``reason`` where its value is asked for."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        raise UnsupportedFormatError(f"holds {self.reason}")
+
+    def __repr__(self) -> str:
+        return f"<{self.reason.split(';')[0]}>"
+
+
 def _unsupported(kind: str) -> Callable[..., Any]:
     def rebuild(*args: Any) -> Any:
         what = kind
         if args and isinstance(args[0], Layout):
             what = str(args[0]).removeprefix("torch.")
-        raise UnsupportedFormatError(
-            f"holds a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)"
-        )
+        return UnreadableRef(f"a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)")
 
     rebuild.refuses = True  # type: ignore[attr-defined]
     return rebuild

@@ -19,6 +19,7 @@ from .._dtensor import DTensorRef
 from .._files import member_path, read_regular
 from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
+from .._stand_ins import UnreadableRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
@@ -141,6 +142,11 @@ class TorchCheckpoint(Checkpoint):
     def tensor_ref(self, fqn: str) -> TensorRef:
         self.tensor_entry(fqn)
         ref: TensorRef = self._values[fqn]
+        if ref.storage is None:
+            raise UnsupportedFormatError(
+                f"{self._file_of[fqn].label}: {fqn!r} is a tensor on the meta device (saved without data): it has no "
+                "values to read or write; leave it out with --exclude"
+            )
         return ref
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
@@ -199,7 +205,12 @@ class TorchCheckpoint(Checkpoint):
         read_box(f, at, ref.shape, ref.dtype, offsets, sizes, self._file_of[fqn].label, out)
 
     def read_object(self, fqn: str, limit: int | None = None) -> Any:
-        return self._values[self.entry(fqn).fqn]
+        value = self._values[self.entry(fqn).fqn]
+        if isinstance(value, UnreadableRef):
+            raise UnsupportedFormatError(
+                f"{self._file_of[fqn].label}: {fqn!r} is {value.reason}; leave it out with --exclude"
+            )
+        return value
 
     def read_value(self, fqn: str) -> Any:
         out = super().read_value(fqn)
