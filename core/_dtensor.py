@@ -14,7 +14,7 @@ set of rank files can be assembled like DCP chunks. Nothing here builds a torch 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from ._refs import TensorRef
 from .dtypes import DType
@@ -30,18 +30,18 @@ class Record:
     ``BUILD`` state (``fields``), kept as plain data and read by :class:`DTensorRef` only."""
 
     torch_name = ""
+    args: tuple[Any, ...]
+    fields: dict[str, Any]
 
     def __new__(cls, *args: Any) -> Record:
         self = object.__new__(cls)
         self.args = args
-        self.fields: dict[str, Any] = {}
+        self.fields = {}
         return self
 
     def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2:  # (dict state, slots state)
-            parts = [s for s in state if s is not None]
-        else:
-            parts = [state]
+        pair = isinstance(state, tuple) and len(state) == 2  # (dict state, slots state)
+        parts = [s for s in state if s is not None] if pair else [state]
         for part in parts:
             if not isinstance(part, dict):
                 raise CorruptCheckpointError(f"damaged {self.torch_name} state in pickle")
@@ -87,7 +87,7 @@ def is_dtensor_class(cls: Any) -> bool:
     return cls is DTensorType
 
 
-def _is(obj: Any, name: str) -> bool:
+def _is(obj: Any, name: str) -> TypeGuard[Record]:
     return isinstance(obj, Record) and obj.torch_name.endswith("." + name)
 
 
@@ -126,7 +126,11 @@ def _placement(p: Any, ndim: int) -> tuple[Any, ...]:
     if _is(p, "Partial"):
         return ("P",)
     if _is(p, "_StridedShard"):
-        return ("SS", _int(p.fields.get("dim"), "shard dim", 0, max(ndim, 1)), _int(p.fields.get("split_factor"), "split factor", 1))
+        return (
+            "SS",
+            _int(p.fields.get("dim"), "shard dim", 0, max(ndim, 1)),
+            _int(p.fields.get("split_factor"), "split factor", 1),
+        )
     if _is(p, "Shard"):
         return ("S", _int(p.fields.get("dim"), "shard dim", 0, max(ndim, 1)))
     raise CorruptCheckpointError(f"DTensor placement of type {type(p).__name__}")
@@ -139,7 +143,9 @@ def _chunk(indices: Any, n: int, r: int) -> Any:
     return indices[min(r * step, size) : min((r + 1) * step, size)]
 
 
-def local_indices(size: int, placements: list[tuple[Any, ...]], mesh: tuple[int, ...], coord: tuple[int, ...], dim: int) -> list[int] | range:
+def local_indices(
+    size: int, placements: list[tuple[Any, ...]], mesh: tuple[int, ...], coord: tuple[int, ...], dim: int
+) -> list[int] | range:
     """The global indices of dimension ``dim`` a rank at ``coord`` holds: placements applied left to
     right over the mesh dimensions, as torch's ``_compute_local_shape_and_global_offset`` does."""
     held: list[int] | range = range(size)

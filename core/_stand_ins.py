@@ -157,7 +157,9 @@ def _unsupported(kind: str) -> Callable[..., Any]:
         what = kind
         if args and isinstance(args[0], Layout):
             what = str(args[0]).removeprefix("torch.")
-        return UnreadableRef(f"a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)")
+        return UnreadableRef(
+            f"a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)"
+        )
 
     rebuild.refuses = True  # type: ignore[attr-defined]
     return rebuild

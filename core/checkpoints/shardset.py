@@ -89,7 +89,9 @@ class ShardSetCheckpoint(Checkpoint):
                 placed = ck.placed.get(fqn)
                 if placed is None:
                     if fqn in parts and fqn in self._ranks[parts[fqn][0][0]].placed:
-                        raise CorruptCheckpointError(f"{path}: {name} holds {fqn!r} as a plain value, an earlier rank as a DTensor")
+                        raise CorruptCheckpointError(
+                            f"{path}: {name} holds {fqn!r} as a plain value, an earlier rank as a DTensor"
+                        )
                     if fqn not in entries:
                         entries[fqn] = e
                         parts[fqn] = [(rank, (0,) * len(e.shape or ()))]
@@ -103,7 +105,8 @@ class ShardSetCheckpoint(Checkpoint):
                     )
                 if dt.rank != rank:
                     raise CorruptCheckpointError(
-                        f"{path}: {name} holds rank {dt.rank}'s shard of {fqn!r}; each rank's file must be named by its rank"
+                        f"{path}: {name} holds rank {dt.rank}'s shard of {fqn!r}; "
+                        "each rank's file must be named by its rank"
                     )
                 first = entries.get(fqn)
                 if first is None:
@@ -177,7 +180,9 @@ class ShardSetCheckpoint(Checkpoint):
         found = self._parts[fqn]
         tiles = [(o, self._ranks[r].entries[fqn].shape or ()) for r, o in found]
         for k, local, size, at in _overlaps(offsets, sizes, tiles):
-            piece = self._ranks[found[k][0]].read_tensor(fqn, [slice(a, a + n) for a, n in zip(local, size, strict=True)])
+            piece = self._ranks[found[k][0]].read_tensor(
+                fqn, [slice(a, a + n) for a, n in zip(local, size, strict=True)]
+            )
             _place(out, at, piece)
         return out
 

@@ -116,8 +116,19 @@ def test_placement_math_matches_torch() -> None:
     from dcpstudio.core._dtensor import local_indices
 
     ours = {"S": lambda d, _: ("S", d), "SS": lambda d, f: ("SS", d, f), "R": lambda d, _: ("R",)}
-    theirs = {"S": lambda d, _: Shard(d), "SS": lambda d, f: _StridedShard(d, split_factor=f), "R": lambda d, _: Replicate()}
-    layouts = [[("S", 0)], [("S", 0), ("S", 1)], [("R", 0), ("S", 0)], [("SS", 0, 2), ("S", 0)], [("S", 1), ("S", 0)], [("S", 0), ("S", 0)]]
+    theirs = {
+        "S": lambda d, _: Shard(d),
+        "SS": lambda d, f: _StridedShard(d, split_factor=f),
+        "R": lambda d, _: Replicate(),
+    }
+    layouts = [
+        [("S", 0)],
+        [("S", 0), ("S", 1)],
+        [("R", 0), ("S", 0)],
+        [("SS", 0, 2), ("S", 0)],
+        [("S", 1), ("S", 0)],
+        [("S", 0), ("S", 0)],
+    ]
     for layout, shape in itertools.product(layouts, [(10, 6), (3, 2), (7, 1), (1, 5), (16, 9)]):
         mesh = (4,) if len(layout) == 1 else (2, 3)
         for coord in itertools.product(*(range(n) for n in mesh)):
@@ -129,4 +140,4 @@ def test_placement_math_matches_torch() -> None:
                 continue
             got = [local_indices(n, p_ours, mesh, coord, d) for d, n in enumerate(shape)]
             assert tuple(len(g) for g in got) == want[0], (layout, shape, coord)
-            assert all(not len(g) or g[0] == o for g, o in zip(got, want[1])), (layout, shape, coord)
+            assert all(not len(g) or g[0] == o for g, o in zip(got, want[1], strict=True)), (layout, shape, coord)

@@ -33,9 +33,14 @@ def test_meta_tensor_message_names_entry_and_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("value", "kind"),
-    [(torch.eye(3).to_sparse(), "sparse_coo"), (torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8), "quantized")],
+    [
+        (torch.eye(3).to_sparse(), "sparse_coo"),
+        (torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8), "quantized"),
+    ],
 )
-def test_exclude_lets_the_rest_convert(tmp_path: Path, value: torch.Tensor, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_exclude_lets_the_rest_convert(
+    tmp_path: Path, value: torch.Tensor, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "x.pt"
     torch.save({"odd": value, "w": torch.arange(3.0)}, src)
     assert main(["convert", "-q", str(src), str(tmp_path / "all.pt")]) == 1
