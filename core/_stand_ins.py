@@ -14,11 +14,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ._dtensor import DTENSOR_GLOBALS, DTensorRef, is_dtensor_class
 from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSource, StorageType, TensorRef
 from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["GET_LAYOUT", "REBUILD", "TORCH_SAVE_GLOBALS", "LazyStorages", "get_layout"]
+__all__ = ["GET_LAYOUT", "REBUILD", "TORCH_SAVE_GLOBALS", "LazyStorages", "UnreadableRef", "get_layout"]
 
 
 def _tensor(
@@ -98,9 +99,35 @@ class TensorType:
         raise UnsupportedFormatError("holds a tensor pickled in a pre-1.0 layout; re-save it with current torch")
 
 
-def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> TensorRef:
-    if func not in _TENSOR_BUILDERS or not isinstance(args, tuple):
-        raise CorruptCheckpointError(f"tensor rebuilt through {func!r}")
+def _rebuild_wrapper_subclass(cls: Any, dtype: Any, *args: Any) -> Any:
+    """A DTensor's wrapper (:class:`~._dtensor.DTensorRef`, filled by its state); any other tensor
+    subclass is named and refused."""
+    if is_dtensor_class(cls):
+        if len(args) != 6:
+            raise CorruptCheckpointError("damaged DTensor in pickle")
+        size, stride, _offset, _layout, _device, requires_grad = args
+        return DTensorRef(dtype, size, stride, requires_grad)
+    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', type(cls).__name__)}"
+    raise UnsupportedFormatError(
+        f"holds a tensor subclass ({name[:120]}); only dense tensors and DTensors are supported "
+        "(a tensor type DCP Studio cannot read)"
+    )
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    if not isinstance(args, tuple):
+        raise CorruptCheckpointError("damaged tensor rebuild in pickle")
+    if getattr(func, "refuses", False):
+        return func(*args)  # an UnreadableRef
+    if func is _rebuild_wrapper_subclass:
+        out = func(*args)
+        if not isinstance(out, DTensorRef) or new_type is not args[0]:
+            raise CorruptCheckpointError("a tensor subclass rebuilt as another type")
+        out.__setstate__(state)
+        return out
+    if func not in _TENSOR_BUILDERS:
+        name = getattr(func, "__qualname__", type(func).__name__)
+        raise CorruptCheckpointError(f"tensor rebuilt through {str(name)[:80]!r}")
     out = func(*args)
     if new_type is ParameterType:
         _as_parameter(out, out.requires_grad)
@@ -109,15 +136,32 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Te
     return out
 
 
+class UnreadableRef:
+    """A tensor of a kind DCP Studio cannot read (sparse, quantized, nested): kept under its name so
+    the rest of the file opens, and refused with ``reason`` where its value is asked for."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        raise UnsupportedFormatError(f"holds {self.reason}")
+
+    def __repr__(self) -> str:
+        return f"<{self.reason.split(';')[0]}>"
+
+
 def _unsupported(kind: str) -> Callable[..., Any]:
     def rebuild(*args: Any) -> Any:
         what = kind
         if args and isinstance(args[0], Layout):
             what = str(args[0]).removeprefix("torch.")
-        raise UnsupportedFormatError(
-            f"holds a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)"
+        return UnreadableRef(
+            f"a {what} tensor; only dense tensors are supported (a tensor type DCP Studio cannot read)"
         )
 
+    rebuild.refuses = True  # type: ignore[attr-defined]
     return rebuild
 
 
@@ -192,7 +236,8 @@ TORCH_SAVE_GLOBALS: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_qtensor"): _unsupported("quantized"),
     ("torch._utils", "_rebuild_sparse_tensor"): _unsupported("sparse"),
     ("torch._utils", "_rebuild_nested_tensor"): _unsupported("nested"),
-    ("torch._utils", "_rebuild_wrapper_subclass"): _unsupported("tensor subclass"),
+    ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
+    **DTENSOR_GLOBALS,
     ("torch._utils", "_rebuild_device_tensor_from_numpy"): _unsupported("device (numpy)"),
     ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"): _unsupported("device"),
     **{

@@ -10,10 +10,12 @@ checkpoint lives in its own module of :mod:`dcpstudio.core.checkpoints`.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ._remote import as_location
 from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
 from .checkpoints.dcp_children import stop_index_children
+from .checkpoints.shardset import ShardSetCheckpoint, shard_set_files
 from .errors import UnsupportedFormatError
 from .formats.detect import detect_format
 
@@ -40,6 +42,9 @@ def open_checkpoint(
     if fmt == "dcp":
         return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":
+        ranks = shard_set_files(p) if isinstance(p, Path) else None
+        if ranks is not None:
+            return ShardSetCheckpoint(p, ranks, trust_pickle=trust_pickle)
         return TorchCheckpoint(p, trust_pickle=trust_pickle)
     if fmt == "safetensors":
         return SafetensorsCheckpoint(p)

@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 from .._blocks import WINDOW_BUDGET, box_slices, strided_pieces
 from .._buffers import new_tensor
+from .._dtensor import DTensorRef
 from .._files import member_path, read_regular
 from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
+from .._stand_ins import UnreadableRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, refuse_expanded, relative
@@ -43,6 +45,7 @@ class TorchCheckpoint(Checkpoint):
         self._file_of: dict[str, TorchSaveFile] = {}
         self._values: dict[str, Any] = {}
         self._paths: dict[str, tuple[str | int, ...]] = {}
+        self.placed: dict[str, tuple[DTensorRef, tuple[int, ...]]] = {}  # DTensor shards: spec, offsets
         self._window = _Window()
         try:
             for file in files:
@@ -65,6 +68,8 @@ class TorchCheckpoint(Checkpoint):
                     stride=value.stride,
                     stored=value.storage.nbytes if value.storage is not None else 0,
                 )
+                if fqn in self.placed and value.shape != self.placed[fqn][0].shape:
+                    entries[fqn].shard_of = (self.placed[fqn][1], self.placed[fqn][0].shape)
                 if key is not None:
                     by_storage.setdefault((id(self._file_of[fqn]), key), []).append(fqn)
             else:
@@ -91,11 +96,23 @@ class TorchCheckpoint(Checkpoint):
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
         for fqn, value in flat.items():
+            if isinstance(value, DTensorRef):
+                value = self._place(file, fqn, value)
             if fqn in self._values:
                 raise CorruptCheckpointError(f"{file}: {fqn!r} is also in {Path(self._file_of[fqn].label).name}")
             self._values[fqn] = value
             self._paths[fqn] = paths[fqn]
             self._file_of[fqn] = tsf
+
+    def _place(self, file: Path, fqn: str, dt: DTensorRef) -> TensorRef:
+        """A DTensor's local shard, its place in the global tensor noted in :attr:`placed`."""
+        try:
+            offsets, _ = dt.box()
+        except (CorruptCheckpointError, UnsupportedFormatError) as e:
+            raise type(e)(f"{file}: {fqn!r} is {e}") from e
+        assert dt.local is not None
+        self.placed[fqn] = (dt, offsets)
+        return dt.local
 
     def paths(self) -> dict[str, tuple[str | int, ...]]:
         return dict(self._paths)
@@ -125,6 +142,11 @@ class TorchCheckpoint(Checkpoint):
     def tensor_ref(self, fqn: str) -> TensorRef:
         self.tensor_entry(fqn)
         ref: TensorRef = self._values[fqn]
+        if ref.storage is None:
+            raise UnsupportedFormatError(
+                f"{self._file_of[fqn].label}: {fqn!r} is a tensor on the meta device (saved without data): it has no "
+                "values to read or write; leave it out with --exclude"
+            )
         return ref
 
     def read_tensor(self, fqn: str, region: Region | None = None) -> torch.Tensor:
@@ -183,7 +205,12 @@ class TorchCheckpoint(Checkpoint):
         read_box(f, at, ref.shape, ref.dtype, offsets, sizes, self._file_of[fqn].label, out)
 
     def read_object(self, fqn: str, limit: int | None = None) -> Any:
-        return self._values[self.entry(fqn).fqn]
+        value = self._values[self.entry(fqn).fqn]
+        if isinstance(value, UnreadableRef):
+            raise UnsupportedFormatError(
+                f"{self._file_of[fqn].label}: {fqn!r} is {value.reason}; leave it out with --exclude"
+            )
+        return value
 
     def read_value(self, fqn: str) -> Any:
         out = super().read_value(fqn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 from typing import Any, Literal
 
@@ -76,9 +77,21 @@ def _detect_dir(p: Any) -> Format:
         return "safetensors"
     if any(p.name.endswith(TORCH_INDEX_SUFFIXES) for p in p.iterdir()):
         return "torch"  # torch.save shards with their index (pytorch_model.bin.index.json)
+    if _rank_files(p):
+        return "torch"  # a per-rank shard set (model_0.pt ... model_{N-1}.pt)
     raise UnsupportedFormatError(
         f"{p}: directory holds no checkpoint (no DCP .metadata, no safetensors, no pytorch_model.bin.index.json)"
     )
+
+
+_RANK_FILE = re.compile(r"^.*?\d+\.(?:pt|pth|bin)$")
+
+
+def _rank_files(p: Any) -> bool:
+    """Only files named ``<stem><rank>.pt`` (two or more): a per-rank shard set, read (and
+    checked whole) by :mod:`dcpstudio.core.checkpoints.shardset`."""
+    names = [q.name for q in p.iterdir() if not q.name.startswith(".")]
+    return len(names) >= 2 and all(_RANK_FILE.match(n) for n in names)
 
 
 def _detect_remote(p: RemotePath) -> Format:

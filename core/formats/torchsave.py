@@ -28,7 +28,7 @@ from .._refs import StorageRef, TensorRef
 from .._remote import RemotePath, as_location
 from .._tree import check_depth
 from ..dtypes import DType
-from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from ..errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
 from ._inflated import Inflated
 from ._torch_legacy import read_legacy
 from ._zip import ZipDirectory, ZipRecord
@@ -139,7 +139,15 @@ class TorchSaveFile:
         if pkl is None:
             raise CorruptCheckpointError(f"{self.label}: ZIP archive without a torch data.pkl; not a torch.save file")
         data = self._record_bytes(pkl, PICKLE_LIMIT)
-        obj = load_torch_pickle(data, self.label, self.storages, trust=trust)
+        try:
+            obj = load_torch_pickle(data, self.label, self.storages, trust=trust)
+        except (UnsafePickleError, MissingClassError):
+            if directory.find([prefix + "constants.pkl"]):  # what torch.jit.save writes beside its code/
+                raise UnsupportedFormatError(
+                    f"{self.label}: a TorchScript archive (torch.jit.save); DCP Studio reads state dicts -- "
+                    "`torch.jit.load(...).state_dict()` gives one"
+                ) from None
+            raise
         del data
         refs = self.storages.refs
         if directory.count > len(refs) + _FIXED_MEMBERS:

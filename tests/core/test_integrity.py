@@ -255,7 +255,7 @@ def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, mon
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda: {"s": torch.eye(3).to_sparse()}, r"holds a sparse_coo tensor; only dense"),
+        (lambda: {"s": torch.eye(3).to_sparse()}, r"'s' is a sparse_coo tensor; only dense"),
         (
             lambda: {"q": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)},
             "tensor type DCP Studio cannot read",
