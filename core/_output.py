@@ -92,15 +92,16 @@ def destination_kind(dst: str | os.PathLike[str]) -> Target | Literal["directory
 _KINDS = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 
 
-def check_paths(src: Any, dst: Any, target: Target | None = None) -> None:
+def check_paths(src: Any, dst: Any, target: Target | None = None, *, src_format: str | None = None) -> None:
     """The output may not replace or delete the source. It may lie inside a DCP source folder
     (a DCP is the files its ``.metadata`` names: another one there changes nothing), unless it
     is one of them; and a DCP may be written into the folder that holds its source file
-    (:func:`writes_into`). Anything else that is, is inside or contains the source is refused."""
+    (:func:`writes_into`). Anything else that is, is inside or contains the source is refused.
+    ``src_format``: the source's format, as its caller detected it (``None``: not a checkpoint)."""
     s, d = src.resolve(), dst.resolve()
     if s == d:
         raise DCPStudioError(f"destination {dst} is the source; choose another path")
-    if s in d.parents and not _beside_dcp_files(src, dst):
+    if s in d.parents and not (src_format == "dcp" and _beside_dcp_files(src, dst)):
         raise DCPStudioError(f"destination {dst} is inside the source {src}; choose another path")
     if d in s.parents and not writes_into(src, dst, target):
         raise DCPStudioError(
@@ -118,12 +119,11 @@ def writes_into(src: Any, dst: Any, target: Target | None) -> bool:
 
 
 def _beside_dcp_files(src: Any, dst: Any) -> bool:
-    """``dst``, inside the local folder ``src``, is none of the files (or their folders) that
-    ``src`` -- a DCP checkpoint -- consists of."""
+    """``dst``, inside the local folder ``src`` (a DCP checkpoint), is none of the files (or their
+    folders) that ``src`` consists of."""
     from .formats.dcp import METADATA_FILE, read_light_metadata
-    from .formats.detect import detect_format
 
-    if isinstance(src, RemotePath) or isinstance(dst, RemotePath) or detect_format(src) != "dcp":
+    if isinstance(src, RemotePath) or isinstance(dst, RemotePath):
         return False
     d = dst.resolve()
     used = [src / METADATA_FILE]

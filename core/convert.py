@@ -15,6 +15,7 @@ import json
 import os
 import re
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -268,7 +269,7 @@ def _to_safetensors(
 
 
 def convert(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | Checkpoint,
     dst: str | os.PathLike[str],
     *,
     to: Literal["dcp", "torch", "safetensors"] | None = None,
@@ -296,10 +297,15 @@ def convert(
     larger than what the source stores (one storage under many names) is refused with
     :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`). Patterns that keep
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
-    matches nothing while others select is warned about (and listed in the result's notes)."""
-    src_p, dst_p = as_location(src), as_location(dst)
+    matches nothing while others select is warned about (and listed in the result's notes).
+
+    ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
+    format detected once, by whoever opens it."""
+    given = src if isinstance(src, Checkpoint) else None
+    src_p = given.path if given is not None else as_location(src)
+    dst_p = as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
-    fmt: Format = detect_format(src_p)
+    fmt: Format = given.format if given is not None else detect_format(src_p)
     target = to or ("torch" if fmt == "dcp" else "dcp")
     if target not in _NAMES:
         raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
@@ -315,12 +321,13 @@ def convert(
     shard_limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
     if shard_limit is not None and shard_limit <= 0:
         raise ValueError("max_shard_size must be positive")
-    check_paths(src_p, dst_p, target)
+    check_paths(src_p, dst_p, target, src_format=fmt)
     check_replaceable(dst_p, target, overwrite, src_p)
     transform = Transform(include, exclude, dtype, strip_prefix)
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
+    opened = nullcontext(given) if given is not None else open_checkpoint(src_p, trust_pickle=trust_pickle, fmt=fmt)
+    with opened as ckpt:
         selection_notes = tuple(transform.keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
             warnings.warn(note, stacklevel=2)
@@ -352,22 +359,26 @@ def convert(
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 
 
-def _expect(src: str | os.PathLike[str], fmt: Format, what: str) -> None:
-    found = detect_format(src)
+def _convert_from(
+    fmt: Format, what: str, to: Target, src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Any
+) -> ConversionResult:
+    """Open ``src`` once, check it is ``fmt``, and convert the open checkpoint."""
+    src_p = as_location(src)
+    found = detect_format(src_p)
     if found != fmt:
         raise UnsupportedFormatError(f"{src}: not {what} (it is {_NAMES[found]})")
+    with open_checkpoint(src_p, trust_pickle=options.get("trust_pickle", False), fmt=found) as ckpt:
+        return convert(ckpt, dst, to=to, **options)
 
 
 def torch_save_to_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], **options: Any) -> ConversionResult:
     """torch.save file -> DCP directory (``format_utils.torch_save_to_dcp``, streaming and safe).
     Options as for :func:`convert`."""
-    _expect(src, "torch", "a torch.save file")
-    return convert(src, dst, to="dcp", **options)
+    return _convert_from("torch", "a torch.save file", "dcp", src, dst, options)
 
 
 def dcp_to_torch_save(src: str | os.PathLike[str], dst: str | os.PathLike[str], **options: Any) -> ConversionResult:
     """DCP directory (saved by any number of ranks) -> torch.save file, restoring the nesting the
     checkpoint's planner data records (``format_utils.dcp_to_torch_save``). Options as for
     :func:`convert`."""
-    _expect(src, "dcp", "a DCP checkpoint directory")
-    return convert(src, dst, to="torch", **options)
+    return _convert_from("dcp", "a DCP checkpoint directory", "torch", src, dst, options)

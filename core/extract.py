@@ -116,7 +116,7 @@ def export_tensor(
     if entry.kind != "tensor" or entry.dtype is None:
         raise NotATensorError(f"{fqn} is not a tensor; only tensors can be exported")
     refuse_expanded(entry, str(ckpt.path), "export")
-    check_paths(ckpt.path, dst_p)
+    check_paths(ckpt.path, dst_p, src_format=ckpt.format)
     if dst_p.is_dir() and overwrite:
         raise DCPStudioError(f"refusing to replace {dst_p}: it is a directory; choose a file name")
     shape = entry.shape or ()

@@ -17,7 +17,7 @@ from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, Safetensor
 from .checkpoints.dcp_children import stop_index_children
 from .checkpoints.shardset import ShardSetCheckpoint, shard_set_files
 from .errors import UnsupportedFormatError
-from .formats.detect import detect_format
+from .formats.detect import Format, detect_format
 
 __all__ = [
     "ROOT_KEY",
@@ -32,13 +32,18 @@ __all__ = [
 
 
 def open_checkpoint(
-    path: str | os.PathLike[str], *, trust_pickle: bool = False, full_index: bool = False
+    path: str | os.PathLike[str],
+    *,
+    trust_pickle: bool = False,
+    full_index: bool = False,
+    fmt: Format | None = None,
 ) -> Checkpoint:
     """Open a DCP directory, torch.save file or safetensors checkpoint without reading tensor data.
     ``full_index``: read a DCP's whole storage index now (see :class:`DCPCheckpoint`), not on first
-    use -- for callers that will show every entry's chunks and sizes anyway."""
+    use -- for callers that will show every entry's chunks and sizes anyway. ``fmt``: the format
+    the caller has already detected for this location (an operation detects it once)."""
     p = as_location(path)
-    fmt = detect_format(p)
+    fmt = fmt or detect_format(p)
     if fmt == "dcp":
         return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":

@@ -15,6 +15,7 @@ import ctypes
 import resource
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,37 +154,38 @@ def load_rank(
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, tuple(mesh_shape))
     box: list[Any] = [None]
-    if rank == 0:  # a failure is broadcast too: every rank raises it instead of waiting forever
+    with ExitStack() as opened:
+        if rank == 0:  # a failure is broadcast too: every rank raises it instead of waiting forever
+            try:
+                ckpt = opened.enter_context(open_checkpoint(path, trust_pickle=trust_pickle))
+                structure = {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()}
+                box[0] = ("ok", structure, ckpt.format)  # the format too: no rank detects it again
+            except Exception as e:
+                box[0] = ("error", type(e).__name__, str(e))
+        dist.broadcast_object_list(box, src=0)
+        if box[0][0] == "error":
+            raise rebuild_error(box[0][1], box[0][2])
+        fmt = box[0][2]
+        if rank != 0:  # every rank checks its own shards against the source, opened once here
+            ckpt = opened.enter_context(open_checkpoint(path, trust_pickle=trust_pickle, fmt=fmt))
+        report("planned", 0.1)
+        target = build_target(box[0][1], layout, mesh)
+        is_dcp = fmt == "dcp"
+        reader: Any = (
+            DCPReader(path, trust_pickle=trust_pickle)
+            if is_dcp
+            else TorchSaveReader(path, trust_pickle=trust_pickle, local_reads=local_reads)
+        )
+        dist.barrier()  # the load time is the load's, not the wait for the slowest rank's target
+        t0 = time.perf_counter()
         try:
-            with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
-                box[0] = (
-                    "ok",
-                    {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()},
-                )
-        except Exception as e:
-            box[0] = ("error", type(e).__name__, str(e))
-    dist.broadcast_object_list(box, src=0)
-    if box[0][0] == "error":
-        raise rebuild_error(box[0][1], box[0][2])
-    report("planned", 0.1)
-    target = build_target(box[0][1], layout, mesh)
-    is_dcp = detect_format(path) == "dcp"
-    reader: Any = (
-        DCPReader(path, trust_pickle=trust_pickle)
-        if is_dcp
-        else TorchSaveReader(path, trust_pickle=trust_pickle, local_reads=local_reads)
-    )
-    dist.barrier()  # the load time is the load's, not the wait for the slowest rank's target
-    t0 = time.perf_counter()
-    try:
-        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
-    except CheckpointException as e:
-        raise unwrap_error(e) from None
-    seconds = time.perf_counter() - t0
-    report("loaded", 0.7)
-    mismatches: list[str] = []
-    local_bytes = 0
-    with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+            dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(trust_pickle=trust_pickle))
+        except CheckpointException as e:
+            raise unwrap_error(e) from None
+        seconds = time.perf_counter() - t0
+        report("loaded", 0.7)
+        mismatches: list[str] = []
+        local_bytes = 0
         for fqn, value in target.items():
             if isinstance(value, DTensor):
                 local = value.to_local()
@@ -197,18 +199,18 @@ def load_rank(
                         mismatches.append(fqn)
             elif not _objects_equal(value, ckpt.read_value(fqn)):
                 mismatches.append(fqn)
-    report("checked", 1.0)
-    return RankReport(
-        rank=rank,
-        seconds=seconds,
-        bytes_received=int(getattr(reader, "bytes_received", getattr(reader, "bytes_read", 0))),
-        bytes_sent=int(getattr(reader, "bytes_sent", 0)),
-        local_bytes=local_bytes,
-        peak_rss=_peak_rss(),
-        checked=len(target),
-        mismatches=mismatches,
-        startup=startup,
-    )
+        report("checked", 1.0)
+        return RankReport(
+            rank=rank,
+            seconds=seconds,
+            bytes_received=int(getattr(reader, "bytes_received", getattr(reader, "bytes_read", 0))),
+            bytes_sent=int(getattr(reader, "bytes_sent", 0)),
+            local_bytes=local_bytes,
+            peak_rss=_peak_rss(),
+            checked=len(target),
+            mismatches=mismatches,
+            startup=startup,
+        )
 
 
 def run_load(
