@@ -134,7 +134,7 @@ def _plan(ckpt: Checkpoint, keep: NameFilter, cast: DType | None, views: bool) -
         if entry.kind == "tensor":
             t = ckpt.tensor_ref(fqn)
             compact = views
-            if cast is not None and t.dtype.is_floating_point and t.dtype is not cast:
+            if cast is not None and t.dtype.is_floating_point and t.dtype.pack == 1 and t.dtype is not cast:
                 view = _cast_view(t, cast, fqn, casts) if views else None
                 compact = view is not None
                 t = view if view is not None else _cast(t, cast, fqn)

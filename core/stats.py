@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ._blocks import BLOCK_BUDGET, blocks, box_slices
 from ._buffers import BufferPool
+from ._tensor_io import numeric
 from .inspect import Checkpoint
 from .model import dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -77,7 +78,7 @@ def _numeric(raw: torch.Tensor) -> torch.Tensor:
     """A flat view (or small copy) of ``raw`` in a dtype torch's reductions accept, values exact."""
     import torch
 
-    x = raw.reshape(-1)
+    x = numeric(raw).reshape(-1)
     if x.dtype.is_complex:
         return x.abs()
     if x.dtype == torch.bool:
