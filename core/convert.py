@@ -41,7 +41,7 @@ from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
 from .formats.values import ENCODING, ENCODING_KEY, VALUES_KEY, NotStorable, encode_value
-from .inspect import ROOT_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
+from .inspect import ROOT_KEY, Checkpoint, SafetensorsCheckpoint, TorchCheckpoint, open_checkpoint
 from .model import refuse_expanded
 from .names import NameFilter
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -248,7 +248,11 @@ def _to_safetensors(
             text += ", ..." if len(dropped) > 8 else ""
         notes.append(text)
         warnings.warn(text, stacklevel=3)
-    metadata = {"format": "pt"}
+    carried, differ = ckpt.header_metadata() if isinstance(ckpt, SafetensorsCheckpoint) else ({}, [])
+    if differ:
+        notes.append(f"the source files' __metadata__ differ on {', '.join(differ[:5])}: the first file's kept")
+        warnings.warn(notes[-1], stacklevel=3)
+    metadata = {"format": "pt", **carried}  # theirs as they are; ours beside
     if stored_json is not None:
         metadata[VALUES_KEY] = stored_json
         metadata[ENCODING_KEY] = ENCODING
