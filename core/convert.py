@@ -212,6 +212,17 @@ def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
     return text, dropped
 
 
+def _refuse_held_tensors(fqn: str, value: Any) -> None:
+    """A value holding tensors (a tuple of them; a whole nested dict that DCP stored as one item) is
+    never left out as a non-JSON value: its tensors would be lost."""
+    held = sum(1 for _ in iter_tensors(value))
+    if held:
+        raise UnsupportedFormatError(
+            f"{fqn!r} is a {type(value).__name__} value holding {held} tensor(s), which safetensors cannot store; "
+            "convert to torch.save or DCP, or leave it out with --exclude"
+        )
+
+
 def _to_safetensors(
     ckpt: Checkpoint,
     plan: list[_Entry],
@@ -232,6 +243,7 @@ def _to_safetensors(
             raise DCPStudioError(f"{e.fqn} and {names[name]} both become {name!r}; adjust --strip-prefix")
         names[name] = e.fqn
         if e.tensor is None:
+            _refuse_held_tensors(e.fqn, e.value)
             values[name] = e.value
         elif e.tensor.dtype.safetensors is None:
             raise UnsupportedFormatError(f"safetensors cannot store {e.tensor.dtype} (tensor {e.fqn})")
