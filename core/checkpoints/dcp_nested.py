@@ -8,7 +8,8 @@ A flattened save never stores a dict as a byte item (torch's flattening walks in
 and records every name in its planner data; so only byte items the planner data does not name are
 read at open -- those of a small ``.metadata`` (a large one, opened from its head, is a flattened
 save's). An item larger than :data:`VALUE_LIMIT` is left whole (its archive is read into memory);
-a safetensors target then refuses it rather than lose its tensors.
+a safetensors target then refuses it rather than lose its tensors; so is one whose archive is refused
+(its pickle unsafe, or damaged), which says so when its value is asked for, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 from .._refs import TensorRef, is_tensor
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
+from ..errors import DCPStudioError
 from ..formats.torchsave import VALUE_LIMIT
 from ..model import Chunk, Entry
 from .base import Region, _box
@@ -61,10 +63,11 @@ class NestedDCPCheckpoint(DCPCheckpoint):
         return bool(data)
 
     def _expand(self, fqn: str) -> tuple[dict[str, Any], dict[str, tuple[str | int, ...]]] | None:
-        (c,) = self.chunks(fqn)
-        if (c.length or 0) > VALUE_LIMIT:
+        try:
+            (c,) = self.chunks(fqn)
+            value = super().read_object(fqn) if (c.length or 0) <= VALUE_LIMIT else None
+        except DCPStudioError:  # refused or damaged: left whole, to say so when its value is asked for
             return None
-        value = super().read_object(fqn)
         if not isinstance(value, dict) or not value:
             return None
         try:

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dcpstudio.core import convert, diff, open_checkpoint
-from dcpstudio.core.errors import UnsupportedFormatError
+from dcpstudio.core.errors import UnsafePickleError, UnsupportedFormatError
 from tests.conftest import assert_same, dcp_load, dcp_save
 
 
@@ -62,3 +62,15 @@ def test_a_value_holding_tensors_is_refused_not_dropped(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedFormatError, match="'pair' is a tuple value holding 2 tensor"):
         convert(tmp_path / "t", tmp_path / "t.safetensors", to="safetensors")
     assert not (tmp_path / "t.safetensors").exists()
+
+
+def test_an_unsafe_item_still_opens_and_refuses_its_value(tmp_path: Path) -> None:
+    dcp_save(
+        {"model": {"w": torch.ones(2)}, "odd": {"f": Path("x")}},
+        checkpoint_id=tmp_path / "u",
+        planner=DefaultSavePlanner(flatten_state_dict=False),
+    )
+    with open_checkpoint(tmp_path / "u") as ckpt:
+        assert list(ckpt.entries) == ["model.w", "odd"]
+        with pytest.raises(UnsafePickleError):
+            ckpt.read_object("odd")
