@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ._tensor_io import numeric
+
 if TYPE_CHECKING:
     import torch
 
@@ -24,10 +26,10 @@ _SUB = 1 << 20  # elements counted at once: histc's float copy of a block stays 
 
 def binnable(raw: torch.Tensor) -> torch.Tensor:
     """A flat view (or small copy) of ``raw`` in a dtype torch's reductions accept, values exact;
-    complex values by magnitude."""
+    complex values by magnitude, packed float4 by its values (:func:`~._tensor_io.numeric`)."""
     import torch
 
-    x = raw.reshape(-1)
+    x = numeric(raw).reshape(-1)
     if x.dtype.is_complex:
         return x.abs()
     if x.dtype == torch.bool:

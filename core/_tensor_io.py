@@ -17,7 +17,7 @@ from .errors import CorruptCheckpointError, UnsupportedFormatError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Payload", "materialize", "tensor_bytes", "to_bytes"]
+__all__ = ["Payload", "materialize", "numeric", "tensor_bytes", "to_bytes"]
 
 Payload = FileRange | tuple[memoryview, int | None]  # bytes in a file, or in memory with their CRC
 
@@ -38,6 +38,23 @@ def materialize(t: TensorRef) -> torch.Tensor:
         raise CorruptCheckpointError(f"{ref.archive.label}: storage {ref.key} is short")
     buf = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
     return torch.empty(0, dtype=t.dtype.torch).set_(buf.untyped_storage(), t.storage_offset, t.shape, t.stride)
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # a 4-bit float's value by its low three bits
+
+
+def numeric(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or -- for ``float4_e2m1fn_x2``, on which torch has no arithmetic, not even a cast --
+    its values as float32, exactly: each byte's low nibble then its high one along the last
+    dimension (torch's packing, and safetensors' ``F4`` element order), which doubles."""
+    import torch
+
+    if str(t.dtype) != "torch.float4_e2m1fn_x2":
+        return t
+    table = torch.tensor([*_E2M1, *(-v for v in _E2M1)], dtype=torch.float32)
+    raw = t.contiguous().view(torch.uint8).to(torch.int64)
+    pairs = torch.stack((table[raw & 0x0F], table[raw >> 4]), dim=-1)
+    return pairs.reshape(*t.shape[:-1], t.shape[-1] * 2) if t.dim() else pairs
 
 
 def to_bytes(t: torch.Tensor) -> memoryview:

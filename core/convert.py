@@ -42,7 +42,7 @@ from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
 from .formats.values import ENCODING, ENCODING_KEY, VALUES_KEY, NotStorable, encode_value
-from .inspect import ROOT_KEY, Checkpoint, TorchCheckpoint, open_checkpoint
+from .inspect import ROOT_KEY, Checkpoint, SafetensorsCheckpoint, TorchCheckpoint, open_checkpoint
 from .model import refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
 from .transform import CASTS, Transform
@@ -215,6 +215,17 @@ def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
     return text, dropped
 
 
+def _refuse_held_tensors(fqn: str, value: Any) -> None:
+    """A value holding tensors (a tuple of them; a whole nested dict that DCP stored as one item) is
+    never left out as a non-JSON value: its tensors would be lost."""
+    held = sum(1 for _ in iter_tensors(value))
+    if held:
+        raise UnsupportedFormatError(
+            f"{fqn!r} is a {type(value).__name__} value holding {held} tensor(s), which safetensors cannot store; "
+            "convert to torch.save or DCP, or leave it out with --exclude"
+        )
+
+
 def _to_safetensors(
     ckpt: Checkpoint,
     plan: list[_Entry],
@@ -235,6 +246,7 @@ def _to_safetensors(
             raise DCPStudioError(f"{e.fqn} and {names[name]} both become {name!r}; adjust --strip-prefix")
         names[name] = e.fqn
         if e.tensor is None:
+            _refuse_held_tensors(e.fqn, e.value)
             values[name] = e.value
         elif e.tensor.dtype.safetensors is None:
             raise UnsupportedFormatError(f"safetensors cannot store {e.tensor.dtype} (tensor {e.fqn})")
@@ -251,7 +263,11 @@ def _to_safetensors(
             text += ", ..." if len(dropped) > 8 else ""
         notes.append(text)
         warnings.warn(text, stacklevel=3)
-    metadata = {"format": "pt"}
+    carried, differ = ckpt.header_metadata() if isinstance(ckpt, SafetensorsCheckpoint) else ({}, [])
+    if differ:
+        notes.append(f"the source files' __metadata__ differ on {', '.join(differ[:5])}: the first file's kept")
+        warnings.warn(notes[-1], stacklevel=3)
+    metadata = {"format": "pt", **carried}  # theirs as they are; ours beside
     if stored_json is not None:
         metadata[VALUES_KEY] = stored_json
         metadata[ENCODING_KEY] = ENCODING

@@ -44,6 +44,7 @@ from ._blocks import blocks, box_slices
 from ._buffers import BufferPool
 from ._compare_values import Tally, add_block, one_torch_thread, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
+from ._tensor_io import numeric
 from .inspect import Checkpoint
 from .model import Entry, dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -215,9 +216,14 @@ def _compare_tensor(
         nbytes = x.numel() * x.element_size() + y.numel() * y.element_size()
         t.count += x.numel()
         if x.dtype != y.dtype or not same_bytes(x, y):
-            flat = add_block(t, x, y, rtol, atol, first=t.first is None)
+            xv, yv = numeric(x).reshape(-1), numeric(y).reshape(-1)  # float4: its values, two a byte
+            if xv.numel() != yv.numel():  # float4 beside another dtype: no element pairs up
+                t.mismatched += x.numel()
+                t.first = unravel(0, offsets, sizes) if t.first is None else t.first
+                continue
+            flat = add_block(t, xv, yv, rtol, atol, first=t.first is None)
             if flat is not None:
-                t.first = unravel(flat, offsets, sizes)
+                t.first = unravel(flat * x.numel() // xv.numel(), offsets, sizes)
                 if quick:
                     t.partial = True
                     reporter.advance(nbytes, items=0, current=fqn)
@@ -226,15 +232,15 @@ def _compare_tensor(
         elif not t.sums:
             pass
         elif t.dmax > 0:
-            t.add_equal(sum_sq(x))
+            t.add_equal(sum_sq(numeric(x)))
         else:
             deferred.append((offsets, sizes))
-            t.nonzero = t.nonzero or sum_sq(x[:4096]) > 0 or sum_sq(x) > 0
+            t.nonzero = t.nonzero or sum_sq(numeric(x[:4096])) > 0 or sum_sq(numeric(x)) > 0
         reporter.advance(nbytes, items=0, current=fqn)
     if deferred and t.dmax > 0:  # the norms are needed after all: read those blocks of A again
         for offsets, sizes in deferred:
             reporter.check()
-            t.add_equal(sum_sq(a.read_tensor(fqn, box_slices(offsets, sizes)).reshape(-1)))
+            t.add_equal(sum_sq(numeric(a.read_tensor(fqn, box_slices(offsets, sizes))).reshape(-1)))
     return t
 
 

@@ -18,12 +18,18 @@ __all__ = ["DTYPES", "DType", "dtype_of"]
 
 class DType:
     """One tensor element type. ``kind``: ``f`` float, ``c`` complex, ``i`` signed int,
-    ``u`` unsigned int, ``b`` bool, ``q`` quantized (no values DCP Studio can read)."""
+    ``u`` unsigned int, ``b`` bool, ``q`` quantized (no values DCP Studio can read). ``pack``:
+    elements per stored element -- 2 for ``float4_e2m1fn_x2``, whose torch element is a byte of
+    two 4-bit floats, as safetensors' ``F4`` counts them one by one (and torch has no arithmetic
+    on it: :func:`~._tensor_io.numeric` decodes it)."""
 
-    __slots__ = ("itemsize", "kind", "name", "safetensors", "storage")
+    __slots__ = ("itemsize", "kind", "name", "pack", "safetensors", "storage")
 
-    def __init__(self, name: str, itemsize: int, kind: str, safetensors: str | None, storage: str | None) -> None:
+    def __init__(
+        self, name: str, itemsize: int, kind: str, safetensors: str | None, storage: str | None, pack: int = 1
+    ) -> None:
         self.name = name
+        self.pack = pack
         self.itemsize = itemsize
         self.kind = kind
         self.safetensors = safetensors
@@ -64,17 +70,18 @@ class DType:
         return hash(self.name)
 
 
-_TABLE = [
-    # name, itemsize, kind, safetensors, legacy storage class
+_TABLE: list[tuple[Any, ...]] = [
+    # name, itemsize, kind, safetensors, legacy storage class[, pack]
     ("float64", 8, "f", "F64", "DoubleStorage"),
     ("float32", 4, "f", "F32", "FloatStorage"),
     ("float16", 2, "f", "F16", "HalfStorage"),
     ("bfloat16", 2, "f", "BF16", "BFloat16Storage"),
     ("float8_e4m3fn", 1, "f", "F8_E4M3", None),
     ("float8_e5m2", 1, "f", "F8_E5M2", None),
-    ("float8_e4m3fnuz", 1, "f", None, None),
-    ("float8_e5m2fnuz", 1, "f", None, None),
+    ("float8_e4m3fnuz", 1, "f", "F8_E4M3FNUZ", None),
+    ("float8_e5m2fnuz", 1, "f", "F8_E5M2FNUZ", None),
     ("float8_e8m0fnu", 1, "f", "F8_E8M0", None),
+    ("float4_e2m1fn_x2", 1, "f", "F4", None, 2),
     ("complex128", 16, "c", None, "ComplexDoubleStorage"),
     ("complex64", 8, "c", "C64", "ComplexFloatStorage"),
     ("complex32", 4, "c", None, None),
@@ -107,6 +114,8 @@ _ALIASES = {
 }
 BY_NAME: dict[str, DType] = {**DTYPES, **{alias: DTYPES[name] for alias, name in _ALIASES.items()}}
 BY_SAFETENSORS: dict[str, DType] = {d.safetensors: d for d in DTYPES.values() if d.safetensors}
+# what safetensors names and torch has no dtype for (safetensors' own torch reader refuses them too)
+NO_TORCH_DTYPE = {"F6_E2M3": "6-bit float (e2m3)", "F6_E3M2": "6-bit float (e3m2)"}
 BY_STORAGE: dict[str, DType] = {d.storage: d for d in DTYPES.values() if d.storage}
 
 

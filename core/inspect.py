@@ -13,7 +13,15 @@ import os
 from pathlib import Path
 
 from ._remote import as_location
-from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
+from .checkpoints import (
+    ROOT_KEY,
+    Checkpoint,
+    DCPCheckpoint,
+    NestedDCPCheckpoint,
+    Region,
+    SafetensorsCheckpoint,
+    TorchCheckpoint,
+)
 from .checkpoints.dcp_children import stop_index_children
 from .checkpoints.shardset import ShardSetCheckpoint, shard_set_files
 from .errors import UnsupportedFormatError
@@ -45,7 +53,7 @@ def open_checkpoint(
     p = as_location(path)
     fmt = fmt or detect_format(p)
     if fmt == "dcp":
-        return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
+        return NestedDCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":
         ranks = shard_set_files(p) if isinstance(p, Path) else None
         if ranks is not None:

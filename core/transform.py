@@ -55,9 +55,10 @@ class Transform:
         return NameFilter(self.include, self.exclude)
 
     def cast_of(self, dtype: DType) -> DType | None:
-        """The dtype a tensor of ``dtype`` is written as, when it is cast (None: written as is)."""
+        """The dtype a tensor of ``dtype`` is written as, when it is cast (None: written as is). Packed
+        floats (``float4_e2m1fn_x2``: torch has no cast from them) are written as they are."""
         to = CASTS[self.dtype] if self.dtype else None
-        return to if to is not None and dtype.is_floating_point and dtype is not to else None
+        return to if to is not None and dtype.is_floating_point and dtype.pack == 1 and dtype is not to else None
 
     def rename(self, fqn: str) -> str:
         p = self.strip_prefix

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import ROOT_KEY, Checkpoint, Region
 from .dcp import DCPCheckpoint
+from .dcp_nested import NestedDCPCheckpoint
 from .safetensors import SafetensorsCheckpoint
 from .torchsave import TorchCheckpoint, torch_index
 
@@ -11,6 +12,7 @@ __all__ = [
     "ROOT_KEY",
     "Checkpoint",
     "DCPCheckpoint",
+    "NestedDCPCheckpoint",
     "Region",
     "SafetensorsCheckpoint",
     "TorchCheckpoint",

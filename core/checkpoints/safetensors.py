@@ -16,12 +16,14 @@ from .._tensor_io import to_bytes
 from ..errors import CorruptCheckpointError
 from ..formats.dcp import check_tiling
 from ..formats.detect import Format
-from ..formats.safetensors import SafetensorsTensor, read_safetensors_index
-from ..formats.values import decode_values
+from ..formats.safetensors import SHARDING_KEY, SafetensorsTensor, read_safetensors_index
+from ..formats.values import ENCODING_KEY, VALUES_KEY, decode_values
 from ..model import Chunk, Entry, relative
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 
 __all__ = ["SafetensorsCheckpoint"]
+
+_NOT_CARRIED = frozenset({VALUES_KEY, ENCODING_KEY, SHARDING_KEY})
 
 
 class SafetensorsCheckpoint(Checkpoint):
@@ -132,6 +134,22 @@ class SafetensorsCheckpoint(Checkpoint):
             read_exact(self._file(t.file), t.data_offset, view[pos : pos + t.nbytes], str(t.file))
             pos += t.nbytes
         return view
+
+    def header_metadata(self) -> tuple[dict[str, str], list[str]]:
+        """The files' own ``__metadata__`` as one map, to carry into a safetensors output (torchao's
+        quantization records, without which ``from_pretrained`` fails; transformers' ``format``):
+        all but DCP Studio's stored values (decoded into entries, written again from them) and
+        torch's shard layout (``DCP_SHARDING_INFO``, the source's own). Also the keys on which two
+        files disagree (the first file's value kept), for the caller to say so."""
+        out: dict[str, str] = {}
+        differ: list[str] = []
+        for file_meta in self.info.get("metadata", {}).values():
+            for key, value in file_meta.items():
+                if key in _NOT_CARRIED:
+                    continue
+                if out.setdefault(key, value) != value and key not in differ:
+                    differ.append(key)
+        return out, differ
 
     def read_object(self, fqn: str, limit: int | None = None) -> Any:
         entry = self.entry(fqn)

@@ -18,10 +18,17 @@ from typing import IO, Any
 from .._files import file_size, member_path, open_regular, read_regular, sync_file
 from .._io import FileRange, copy_range, read_exact
 from .._remote import as_location
-from ..dtypes import BY_SAFETENSORS, DType
+from ..dtypes import BY_SAFETENSORS, NO_TORCH_DTYPE, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
-__all__ = ["SHARDING_KEY", "SafetensorsTensor", "SafetensorsWriter", "parse_header", "read_safetensors_index"]
+__all__ = [
+    "SHARDING_KEY",
+    "SafetensorsTensor",
+    "SafetensorsWriter",
+    "header_shape",
+    "parse_header",
+    "read_safetensors_index",
+]
 
 _MAX_HEADER = 100_000_000  # the safetensors library's limit
 _MAX_DEPTH = 128  # serde_json's nesting limit, which the library keeps
@@ -164,10 +171,33 @@ def _spec(name: str, spec: Any, label: str) -> tuple[DType, tuple[int, ...], tup
             )
     if len(offsets) != 2 or offsets[0] > offsets[1]:
         raise CorruptCheckpointError(f"{label}: the data_offsets of {name!r} are not a [start, end] pair")
-    dtype = BY_SAFETENSORS.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+    code = spec["dtype"]
+    dtype = BY_SAFETENSORS.get(code) if isinstance(code, str) else None
     if dtype is None:
-        raise UnsupportedFormatError(f"{label}: {name!r} has the dtype {str(spec['dtype'])[:40]!r}, not read here")
+        kind = NO_TORCH_DTYPE.get(code) if isinstance(code, str) else None
+        why = f"a {kind}, which torch has no dtype for" if kind else "not read here"
+        raise UnsupportedFormatError(f"{label}: {name!r} has the dtype {str(code)[:40]!r}, {why}")
+    if dtype.pack > 1:  # F4 counts 4-bit elements; torch's float4_e2m1fn_x2 holds two a byte
+        if not shape or shape[-1] % dtype.pack:
+            raise UnsupportedFormatError(
+                f"{label}: {name!r} is {code} of shape {shape}; torch's {dtype.name} needs a last dimension "
+                f"divisible by {dtype.pack} (as the safetensors library reads it)"
+            )
+        shape = [*shape[:-1], shape[-1] // dtype.pack]
     return dtype, tuple(shape), (offsets[0], offsets[1])
+
+
+def header_shape(name: str, dtype: DType, shape: tuple[int, ...]) -> list[int]:
+    """The shape a safetensors header records for a torch tensor: elements as the library counts
+    them (``F4``: two per ``float4_e2m1fn_x2`` byte, along the last dimension)."""
+    if dtype.pack == 1:
+        return list(shape)
+    if not shape:
+        raise UnsupportedFormatError(
+            f"safetensors cannot store the scalar {dtype} {name!r}: its {dtype.safetensors} elements are "
+            "counted along a last dimension"
+        )
+    return [*shape[:-1], shape[-1] * dtype.pack]
 
 
 def _nbytes(shape: tuple[int, ...], dtype: DType, name: str, label: str) -> int:
@@ -251,7 +281,11 @@ class SafetensorsWriter:
             for s in shape:
                 numel *= s
             nbytes = numel * dtype.itemsize
-            header[name] = {"dtype": dtype.safetensors, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {
+                "dtype": dtype.safetensors,
+                "shape": header_shape(name, dtype, shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
             self._expected.append((name, nbytes))
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
