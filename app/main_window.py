@@ -41,6 +41,7 @@ from .widgets.compare_view import CompareView
 from .widgets.convert_panel import ConvertPanel, suggest_destination
 from .widgets.details import DetailsPanel
 from .widgets.file_browser import FileBrowser
+from .widgets.file_dialogs import ask_open, ask_save
 from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
 from .widgets.open_url import OpenUrlDialog
@@ -147,17 +148,13 @@ class MainWindow(QMainWindow):
 
     def save_path(self, title: str, suggestion: Path, filters: str) -> Path | None:
         """Ask where to write (the caller asks before replacing: the dialog does not)."""
-        path, _ = QFileDialog.getSaveFileName(
-            self, title, str(suggestion), filters, options=QFileDialog.Option.DontConfirmOverwrite
-        )
-        return Path(path) if path else None
+        return ask_save(self, title, suggestion, filters)
 
     def ask_path(self, title: str, directory: bool) -> Path | None:
-        start = self.settings.last_dir()
-        if directory:
-            path = QFileDialog.getExistingDirectory(self, title, start)
-        else:
-            path, _ = QFileDialog.getOpenFileName(self, title, start)
+        """A file or a checkpoint folder to open (``directory``: any folder)."""
+        if not directory:
+            return ask_open(self, title, self.settings.last_dir())
+        path = QFileDialog.getExistingDirectory(self, title, self.settings.last_dir())
         return Path(path) if path else None
 
     def ask_url(self, title: str = "Open URL", label: str = "Checkpoint URL") -> str | None:

@@ -24,13 +24,12 @@ from PySide6.QtWidgets import (
 from dcpstudio.core import DCPStudioError, detect_format
 
 from ..proxies import change_filter
+from .file_dialogs import is_checkpoint_folder
 
 __all__ = ["CheckpointFileModel", "FileBrowser"]
 
 _LABELS = {"dcp": "DCP", "torch": "torch.save", "safetensors": "safetensors"}
 _SNIFF = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json", ".pkl", ".tar")
-# what marks a folder as a checkpoint, found by a stat each (no listing of the folder on the GUI thread)
-_MARKERS = (".metadata", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 class CheckpointFileModel(QFileSystemModel):
@@ -55,7 +54,7 @@ class CheckpointFileModel(QFileSystemModel):
             return ""
         if key not in self._cache:
             label = ""
-            folder = path.is_dir() and any((path / name).is_file() for name in _MARKERS)
+            folder = is_checkpoint_folder(path)
             if folder or (path.is_file() and path.suffix.lower() in _SNIFF):
                 try:
                     label = _LABELS.get(detect_format(path), "")
