@@ -35,6 +35,7 @@ from ..value_model import TileLoader, ValueTableModel, csv_text, selection_csv, 
 from ..workers import Job
 from .drawing import Heatmap, Histogram
 from .pane_error import PaneError
+from .work_area import SideScroll
 
 __all__ = ["COPY_LIMIT", "ValueExplorer", "csv_text"]
 
@@ -76,8 +77,7 @@ class ValueExplorer(QWidget):
         dims.addWidget(self.rows_box)
         dims.addWidget(QLabel("Columns"))
         dims.addWidget(self.cols_box)
-        dims.addLayout(self.index_row)
-        dims.addStretch(1)
+        dims.addWidget(SideScroll(self.index_row), 1)  # many dimensions: it scrolls, the window keeps its width
         dims.addWidget(self.slice_label)
         dims.addWidget(QLabel("Go to"))
         dims.addWidget(self.goto_row)

@@ -140,3 +140,112 @@ def test_save_dialog_proposes_the_targets_suffix(qtbot: Any, window: MainWindow,
     assert names == ["src_dcp", "src-1.pt", "src.safetensors"]
     _in_dialog(qtbot, _type_and_enter("typed"))  # a typed name without a suffix gets the target's
     assert window.choose_destination("safetensors", src) == tmp_path / "typed.safetensors"
+
+
+# 13. layout -------------------------------------------------------------------------------------------
+@pytest.fixture
+def tensors(tmp_path: Path) -> Path:
+    path = tmp_path / "t.pt"
+    state = {"flat": torch.randn(3, 3), "cube": torch.randn(4, 5, 6), "five": torch.randn(2, 3, 4, 5, 6), "step": 1}
+    torch.save(state, path)
+    return path
+
+
+def _sizes(window: MainWindow) -> tuple[Any, ...]:
+    split = window.centralWidget()
+    return window.size().toTuple(), split.sizes(), split.widget(2).sizes()
+
+
+def test_the_convert_area_folds_away_and_the_views_take_its_height(
+    qtbot: Any, window: MainWindow, tensors: Path, tmp_path: Path
+) -> None:
+    window.resize(1400, 860)
+    qtbot.wait(20)
+    views_height = window.views.height()
+    toggle = window.menu_actions["actions_area"]
+    assert toggle.isChecked() and toggle.shortcut().toString() == "Ctrl+J"
+    toggle.trigger()
+    qtbot.wait(20)
+    assert not window.actions_tabs.isVisible() and window.views.height() > views_height + 150
+    assert not window.settings.actions_shown()
+    second = MainWindow()  # remembered
+    qtbot.addWidget(second)
+    assert not second.right.toggle.isChecked() and not second.actions_tabs.isVisibleTo(second)
+    second.close()
+    window.right.button.click()  # the corner button of the views does the same
+    qtbot.wait(20)
+    assert window.actions_tabs.isVisible() and abs(window.views.height() - views_height) <= 2
+    toggle.trigger()
+    open_by_drop(qtbot, window, tensors)
+    window.choose_destination = lambda t, s: tmp_path / "out_dcp"  # type: ignore[method-assign]
+    window.panel.convert("dcp")  # a conversion shows the area: its progress and outcome are there
+    assert window.actions_tabs.isVisible()
+    finish(qtbot, window, "convert")
+
+
+def test_no_splitter_moves_on_tab_switches_or_exploring_many_dimensions(
+    qtbot: Any, window: MainWindow, tensors: Path
+) -> None:
+    open_by_drop(qtbot, window, tensors)
+    for width, height in ((1400, 860), (window.minimumSizeHint().width(), window.minimumSizeHint().height())):
+        window.resize(width, height)
+        qtbot.wait(30)
+        before = _sizes(window)
+        for step in (
+            lambda: window.views.setCurrentIndex(1),
+            lambda: window.views.setCurrentIndex(2),
+            lambda: window.explore("cube"),
+            lambda: window.explore("five"),
+            lambda: window.explore("flat"),
+            lambda: window.views.setCurrentIndex(0),
+            lambda: window.actions_tabs.setCurrentIndex(1),
+            lambda: window.actions_tabs.setCurrentIndex(0),
+        ):
+            step()
+            qtbot.wait(30)
+            assert _sizes(window) == before
+
+
+def test_nothing_is_crushed_at_the_minimum_size(qtbot: Any, window: MainWindow, tensors: Path) -> None:
+    open_by_drop(qtbot, window, tensors)
+    window.resize(200, 200)  # held at the minimum
+    qtbot.wait(30)
+    minimum = window.minimumSizeHint()
+    assert minimum.width() <= 1280 and minimum.height() <= 760  # a small laptop's screen
+    chars = window.fontMetrics().horizontalAdvance("x")
+    assert window.browser.width() >= 24 * chars and window.browser.path_bar.width() >= 10 * chars
+    assert window.filter_box.width() >= 14 * chars and window.tree_pane.shape_box.width() >= 8 * chars
+    for splitter in (window.centralWidget(), window.right):
+        assert not splitter.childrenCollapsible() and min(splitter.sizes()) > 0
+
+
+def test_path_bar_elides_in_the_middle_with_the_full_path_in_its_tooltip(
+    qtbot: Any, window: MainWindow, tmp_path: Path
+) -> None:
+    deep = tmp_path.joinpath(*[f"folder_{i}_with_a_long_name" for i in range(8)])
+    deep.mkdir(parents=True)
+    window.browser.set_root(str(deep))
+    qtbot.wait(20)
+    bar = window.browser.path_bar
+    shown = bar.shown_text()
+    assert bar.text() == str(deep) and str(deep) in bar.toolTip()
+    head, tail = shown.split("…")  # both ends kept (a plain line edit shows the end only)
+    assert head.startswith("/t") and str(deep).startswith(head) and str(deep).endswith(tail) and tail
+
+
+def test_values_follow_the_tree_selection_while_shown(qtbot: Any, window: MainWindow, tensors: Path) -> None:
+    open_by_drop(qtbot, window, tensors)
+    assert window.select("flat")
+    window.show_view(1)  # Values, empty: shows the selection
+    assert window.explorer.fqn == "flat"
+    assert window.select("cube")
+    assert window.explorer.fqn == "cube"
+    assert window.select("step")  # not a tensor: the tensor stays
+    assert window.explorer.fqn == "cube"
+    window.show_view(0)
+    assert window.select("five")
+    assert window.explorer.fqn == "cube"  # Details shown: Values left alone
+    window.show_view(1)
+    assert window.explorer.fqn == "five"
+    window.explore("flat")  # explored from elsewhere (Compare): what is explored is shown
+    assert window.explorer.fqn == "flat"
