@@ -66,6 +66,7 @@ class ValueExplorer(QWidget):
         self.index_boxes: dict[int, QSpinBox] = {}
         self.index_row = QHBoxLayout()
         self.slice_label = QLabel()
+        self.slice_label.setMinimumWidth(self.fontMetrics().horizontalAdvance("showing [:, :, 0]"))  # for every ndim
         self.goto_row = QSpinBox()
         self.goto_col = QSpinBox()
         for box, what in ((self.goto_row, "row"), (self.goto_col, "column")):

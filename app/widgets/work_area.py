@@ -8,10 +8,11 @@ the tensor explored, so its splitters never move by themselves.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence, QWheelEvent
 from PySide6.QtWidgets import (
     QFrame,
+    QLabel,
     QLayout,
     QScrollArea,
     QSizePolicy,
@@ -31,7 +32,8 @@ TOGGLE_SHORTCUT = "Ctrl+J"  # as an editor's "toggle panel"
 
 class SideScroll(QScrollArea):
     """Holds a row of controls whose count varies (one index box per free dimension of the tensor
-    explored): beyond its width it scrolls sideways instead of raising the window's minimum."""
+    explored): beyond its width it scrolls sideways (the wheel over it, or Tab to a box) instead of
+    raising the window's minimum. Its height and minimum are the same for every tensor."""
 
     def __init__(self, row: QLayout, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -42,20 +44,17 @@ class SideScroll(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-        self._row = QSpinBox().sizeHint().height()
-        self.horizontalScrollBar().rangeChanged.connect(lambda *_: self.updateGeometry())
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # a bar would cover the boxes
+        spin = QSpinBox()
+        spin.setRange(0, 9999)
+        self.setFixedHeight(spin.sizeHint().height())
+        self.setMinimumWidth(QLabel("dim 0").sizeHint().width() + spin.sizeHint().width() + 12)  # one box in view
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def sizeHint(self) -> QSize:
-        """Room for the scroll bar when it shows (the table below gives it up)."""
-        widget = self.widget()
-        inner = widget.sizeHint() if widget is not None else QSize(0, 0)
+    def wheelEvent(self, event: QWheelEvent) -> None:
         bar = self.horizontalScrollBar()
-        return QSize(inner.width(), self._row + (bar.sizeHint().height() if bar.maximum() > 0 else 0))
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(0, self._row)  # the same for every tensor: the window's minimum never changes
+        bar.setValue(bar.value() - (event.angleDelta().y() or event.angleDelta().x()) // 4)
+        event.accept()
 
 
 class WorkArea(QSplitter):
