@@ -14,11 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import Qt
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
-    QDesktopServices,
     QDragEnterEvent,
     QDragMoveEvent,
     QDropEvent,
@@ -33,7 +32,7 @@ from . import startup
 from .context import Context
 from .jobs import JobBoard
 from .locations import Location, accept_copy, dropped_locations, is_remote, location, name_of, shown
-from .menus import build_menus, entry_menu
+from .menus import build_menus, entry_menu, show_in_file_manager
 from .notify import Notifier
 from .settings import Settings
 from .tree_filter import TreeIndex
@@ -41,12 +40,14 @@ from .widgets.compare_view import CompareView
 from .widgets.convert_panel import ConvertPanel, suggest_destination
 from .widgets.details import DetailsPanel
 from .widgets.file_browser import FileBrowser
+from .widgets.file_dialogs import ask_open, ask_save
 from .widgets.load_panel import LoadPanel
 from .widgets.message_bar import MessageBar
 from .widgets.open_url import OpenUrlDialog
 from .widgets.remote_status import RemoteStatus
 from .widgets.tree_pane import TreePane
 from .widgets.value_explorer import ValueExplorer
+from .widgets.work_area import WorkArea
 from .workers import Job
 
 __all__ = ["MainWindow"]
@@ -101,16 +102,12 @@ class MainWindow(QMainWindow):
         self.actions_tabs.addTab(self.panel, "Convert")
         self.actions_tabs.addTab(self.load_panel, "Load on ranks")
 
-        right = QSplitter(Qt.Orientation.Vertical)
-        right.addWidget(self.views)
-        right.addWidget(self.actions_tabs)
-        right.setStretchFactor(0, 3)
-        right.setStretchFactor(1, 1)
-        right.setSizes([600, 260])
+        self.views.currentChanged.connect(lambda _: self._follow_selection())
+        self.right = WorkArea(self.views, self.actions_tabs, self.settings)
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(self.browser)
-        split.addWidget(self.tree_pane)
-        split.addWidget(right)
+        split.setChildrenCollapsible(False)
+        for pane in (self.browser, self.tree_pane, self.right):
+            split.addWidget(pane)
         split.setSizes([210, 530, 660])
         self.setCentralWidget(split)
         self.activity = QLabel()
@@ -147,17 +144,13 @@ class MainWindow(QMainWindow):
 
     def save_path(self, title: str, suggestion: Path, filters: str) -> Path | None:
         """Ask where to write (the caller asks before replacing: the dialog does not)."""
-        path, _ = QFileDialog.getSaveFileName(
-            self, title, str(suggestion), filters, options=QFileDialog.Option.DontConfirmOverwrite
-        )
-        return Path(path) if path else None
+        return ask_save(self, title, suggestion, filters)
 
     def ask_path(self, title: str, directory: bool) -> Path | None:
-        start = self.settings.last_dir()
-        if directory:
-            path = QFileDialog.getExistingDirectory(self, title, start)
-        else:
-            path, _ = QFileDialog.getOpenFileName(self, title, start)
+        """A file or a checkpoint folder to open (``directory``: any folder)."""
+        if not directory:
+            return ask_open(self, title, self.settings.last_dir())
+        path = QFileDialog.getExistingDirectory(self, title, self.settings.last_dir())
         return Path(path) if path else None
 
     def ask_url(self, title: str = "Open URL", label: str = "Checkpoint URL") -> str | None:
@@ -209,6 +202,7 @@ class MainWindow(QMainWindow):
         first.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
     def show_load(self) -> None:
+        self.right.show_actions()
         self.actions_tabs.setCurrentWidget(self.load_panel)
         self.load_panel.ranks.setFocus()
 
@@ -242,7 +236,9 @@ class MainWindow(QMainWindow):
     def explore(self, fqn: str) -> None:
         if self.ckpt is not None and fqn in self.ckpt.entries and self.ckpt.entries[fqn].kind == "tensor":
             self.explorer.show_tensor(self.ckpt, fqn)
+            self._exploring = True  # what is explored now, not what the tree selects
             self.views.setCurrentWidget(self.explorer)
+            self._exploring = False
             self.explorer.table.setFocus(Qt.FocusReason.OtherFocusReason)  # arrows page through the values
 
     def explore_selected(self) -> None:
@@ -268,20 +264,8 @@ class MainWindow(QMainWindow):
         self.compare_view.choose_b(False)
 
     def show_in_file_manager(self, node: Node) -> None:
-        """Open the folder holding the entry's data (the checkpoint's folder for a group)."""
-        if self.ckpt is None:
-            return
-        if is_remote(self.ckpt.path):
-            self.notifier.info(f"{shown(self.ckpt.path)} is in a remote store: no file manager shows it.")
-            return
-        folder = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
-        if node.entry is not None and node.entry.kind == "tensor" and self.ckpt.index_ready():
-            files = [c.file for c in self.ckpt.chunks(node.entry.fqn) if c.file]
-            if files:
-                base = self.ckpt.path if self.ckpt.path.is_dir() else self.ckpt.path.parent
-                folder = (base / files[0]).parent
-        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):  # no launcher here (xdg-open missing)
-            self.notifier.error(OSError(f"No file manager could be started to show {folder}; open it by hand."))
+        if self.ckpt is not None:
+            show_in_file_manager(self.ckpt, node, self.notifier)
 
     def cancel_work(self) -> None:
         for kind in _CANCELLABLE:
@@ -292,6 +276,8 @@ class MainWindow(QMainWindow):
         running = [k for k in _CANCELLABLE if k in self.jobs and self.jobs[k].running]
         if "cancel" in self.menu_actions:
             self.menu_actions["cancel"].setEnabled(bool(running))
+        if {"convert", "verify", "load"} & set(running):
+            self.right.show_actions()  # where its progress and outcome are shown
         busy = "open" in self.jobs and self.jobs["open"].running
         self.activity.setText(
             f"Opening {printable(name_of(self._pending_open))}…" if busy and self._pending_open else ""
@@ -375,6 +361,16 @@ class MainWindow(QMainWindow):
 
     def _selection_changed(self) -> None:
         self.details.show_selection(self.ckpt, self.selected_node())
+        self._follow_selection()
+
+    _exploring = False
+
+    def _follow_selection(self) -> None:
+        """While Values is shown, it shows the tensor selected in the tree."""
+        entry = getattr(self.selected_node(), "entry", None)
+        shown = not self._exploring and self.ckpt is not None and self.views.currentWidget() is self.explorer
+        if shown and entry is not None and entry.kind == "tensor" and entry.fqn != self.explorer.fqn:
+            self.explorer.show_tensor(self.ckpt, entry.fqn)
 
     # -- drag and drop: always a copy; the dropped file or URL is opened ------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:

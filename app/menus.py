@@ -14,15 +14,15 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QKeySequence, QTextCursor
+from PySide6.QtCore import QSettings, Qt, QUrl
+from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
 
-from .locations import is_remote
+from .locations import is_remote, shown
 from .widgets.convert_panel import TARGETS
 from .widgets.message_log import MessageLog
 
-__all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_readme"]
+__all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_in_file_manager", "show_readme"]
 
 
 def _action(parent: QWidget, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "") -> QAction:
@@ -85,6 +85,8 @@ def build_menus(w: Any) -> dict[str, QAction]:
         "Every message of this session, in full",
     )
     view.addSeparator()
+    acts["actions_area"] = w.right.toggle
+    view.addAction(w.right.toggle)
     columns = view.addMenu("Tree &Columns")
 
     def fill_columns() -> None:
@@ -144,6 +146,20 @@ def entry_menu(w: Any, node: Any) -> QMenu:
         reveal.setEnabled(False)
     menu.addAction(reveal)
     return menu
+
+
+def show_in_file_manager(ckpt: Any, node: Any, notifier: Any) -> None:
+    """Open the folder holding the entry's data (the checkpoint's folder for a group)."""
+    if is_remote(ckpt.path):
+        notifier.info(f"{shown(ckpt.path)} is in a remote store: no file manager shows it.")
+        return
+    folder = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
+    if node.entry is not None and node.entry.kind == "tensor" and ckpt.index_ready():
+        files = [c.file for c in ckpt.chunks(node.entry.fqn) if c.file]
+        if files:
+            folder = (folder / files[0]).parent
+    if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):  # no launcher here (xdg-open missing)
+        notifier.error(OSError(f"No file manager could be started to show {folder}; open it by hand."))
 
 
 def _version(dist: str) -> str:

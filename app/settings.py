@@ -54,6 +54,13 @@ class Settings:
     def set_keep_filter(self, keep: bool) -> None:
         self._s.setValue("keep_filter", "true" if keep else "false")
 
+    def actions_shown(self) -> bool:
+        """Whether the Convert/Load area is unfolded (it is, unless folded away last time)."""
+        return str(self._s.value("actions_shown", "true")).lower() == "true"
+
+    def set_actions_shown(self, shown: bool) -> None:
+        self._s.setValue("actions_shown", "true" if shown else "false")
+
     def geometry(self) -> QByteArray | None:
         value = self._s.value("geometry")
         return value if isinstance(value, QByteArray) else None

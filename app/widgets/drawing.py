@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QPushButton, QSizePolicy, QWidget
 
@@ -320,6 +320,14 @@ class DrawButton(QPushButton):
         keep = self.sizePolicy()
         keep.setRetainSizeWhenHidden(True)  # its row does not jump when it shows
         self.setSizePolicy(keep)
+        # as wide as its widest label, whatever it reads: the window's minimum never follows the text
+        self._widest = super().sizeHint().width() + self.fontMetrics().horizontalAdvance(" (reads 1023.9 MiB)")
+
+    def sizeHint(self) -> QSize:
+        return QSize(self._widest, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()
 
     def offer(self, size: int, auto: int, shown: bool) -> None:
         """``size``: the bytes drawing reads; ``auto``: the largest slice drawn unasked; ``shown``:

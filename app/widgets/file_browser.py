@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QDir, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileSystemModel,
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLineEdit,
     QStyle,
+    QStyleOptionFrame,
     QToolButton,
     QTreeView,
     QVBoxLayout,
@@ -24,13 +26,12 @@ from PySide6.QtWidgets import (
 from dcpstudio.core import DCPStudioError, detect_format
 
 from ..proxies import change_filter
+from .file_dialogs import is_checkpoint_folder
 
-__all__ = ["CheckpointFileModel", "FileBrowser"]
+__all__ = ["CheckpointFileModel", "FileBrowser", "PathBar"]
 
 _LABELS = {"dcp": "DCP", "torch": "torch.save", "safetensors": "safetensors"}
 _SNIFF = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json", ".pkl", ".tar")
-# what marks a folder as a checkpoint, found by a stat each (no listing of the folder on the GUI thread)
-_MARKERS = (".metadata", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 class CheckpointFileModel(QFileSystemModel):
@@ -55,7 +56,7 @@ class CheckpointFileModel(QFileSystemModel):
             return ""
         if key not in self._cache:
             label = ""
-            folder = path.is_dir() and any((path / name).is_file() for name in _MARKERS)
+            folder = is_checkpoint_folder(path)
             if folder or (path.is_file() and path.suffix.lower() in _SNIFF):
                 try:
                     label = _LABELS.get(detect_format(path), "")
@@ -102,6 +103,35 @@ class HiddenFilter(QSortFilterProxyModel):
         return model.filePath(index) in self.keep
 
 
+class PathBar(QLineEdit):
+    """The folder shown, elided in the middle when it does not fit (both ends of a long path stay
+    readable; a plain line edit would show its end only), in full in the tooltip and while edited."""
+
+    def shown_text(self) -> str:
+        """What the bar displays when it is not being edited."""
+        room = self.contentsRect().width() - self.textMargins().left() - self.textMargins().right() - 8
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideMiddle, max(room, 0))
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.textChanged.connect(
+            lambda text: self.setToolTip(f"{text}\nThe folder shown; type a path and press Enter to go there")
+        )
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        shown = self.shown_text()
+        if self.hasFocus() or shown == self.text():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self)
+        option = QStyleOptionFrame()
+        self.initStyleOption(option)
+        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_PanelLineEdit, option, painter, self)
+        rect = self.style().subElementRect(QStyle.SubElement.SE_LineEditContents, option, self).adjusted(4, 0, -4, 0)
+        painter.setPen(self.palette().color(QPalette.ColorRole.Text))
+        painter.drawText(rect, int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft), shown)
+
+
 class FileBrowser(QWidget):
     """``activated(path)`` when a file or folder is double-clicked or Enter is pressed on it."""
 
@@ -125,8 +155,7 @@ class FileBrowser(QWidget):
         self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragOnly)
         self.view.setDefaultDropAction(Qt.DropAction.CopyAction)
         self.view.activated.connect(lambda index: self.activated.emit(self.path_at(index)))
-        self.path_bar = QLineEdit()
-        self.path_bar.setToolTip("The folder shown; type a path and press Enter to go there")
+        self.path_bar = PathBar()
         self.path_bar.returnPressed.connect(lambda: self.set_root(self.path_bar.text()))
         self.up_button = QToolButton()
         self.up_button.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_FileDialogToParent))
@@ -142,6 +171,7 @@ class FileBrowser(QWidget):
         bar.addWidget(self.up_button)
         bar.addWidget(self.home_button)
         bar.addWidget(self.path_bar, 1)
+        self.setMinimumWidth(self.fontMetrics().horizontalAdvance("x" * 26))  # a name and its format, never crushed
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)

@@ -50,6 +50,7 @@ class TreePane(QWidget):
         self.filter_box = QLineEdit()
         self.filter_box.setPlaceholderText("Filter names…  (Ctrl+F)")
         self.filter_box.setClearButtonEnabled(True)
+        self.filter_box.setMinimumWidth(self.filter_box.fontMetrics().horizontalAdvance("x" * 16))  # never crushed
         self.filter_box.setToolTip("Entries whose full name contains this text (or matches it, with .* pressed)")
         self.regex_button = QToolButton()
         self.regex_button.setText(".*")
@@ -61,6 +62,7 @@ class TreePane(QWidget):
         self.shape_box = QLineEdit()
         self.shape_box.setPlaceholderText("shape")
         self.shape_box.setMaximumWidth(90)
+        self.shape_box.setMinimumWidth(self.shape_box.fontMetrics().horizontalAdvance("[*, 4096]") + 12)
         self.shape_box.setToolTip(
             "Only tensors of this shape: 4096 (any dimension is 4096), 4096x* (two dimensions, the first "
             "4096), [*, 128], scalar"

@@ -35,6 +35,7 @@ from ..value_model import TileLoader, ValueTableModel, csv_text, selection_csv, 
 from ..workers import Job
 from .drawing import DrawButton, Heatmap, Histogram
 from .pane_error import PaneError
+from .work_area import SideScroll
 
 __all__ = ["COPY_LIMIT", "ValueExplorer", "csv_text"]
 
@@ -65,8 +66,8 @@ class ValueExplorer(QWidget):
         self.index_boxes: dict[int, QSpinBox] = {}
         self.index_row = QHBoxLayout()
         self.slice_label = QLabel()
-        self.goto_row = QSpinBox()
-        self.goto_col = QSpinBox()
+        self.slice_label.setMinimumWidth(self.fontMetrics().horizontalAdvance("showing [:, :, 0]"))  # for every ndim
+        self.goto_row, self.goto_col = QSpinBox(), QSpinBox()
         for box, what in ((self.goto_row, "row"), (self.goto_col, "column")):
             box.setToolTip(f"Go to this {what}")
             box.setKeyboardTracking(False)
@@ -74,8 +75,7 @@ class ValueExplorer(QWidget):
         dims = QHBoxLayout()
         for w in (QLabel("Rows"), self.rows_box, QLabel("Columns"), self.cols_box):
             dims.addWidget(w)
-        dims.addLayout(self.index_row)
-        dims.addStretch(1)
+        dims.addWidget(SideScroll(self.index_row), 1)  # many dimensions: it scrolls, the window keeps its width
         for where in (self.slice_label, QLabel("Go to"), self.goto_row, self.goto_col):
             dims.addWidget(where)
         self.table = QTableView()

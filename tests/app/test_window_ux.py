@@ -174,13 +174,12 @@ def test_same_format_conversion_asks_once_and_writes(
         assert list(out.entries) == ["keep.w"]
     seen: dict[str, Any] = {}
 
-    def fake_dialog(*args: Any, **kwargs: Any) -> tuple[str, str]:
-        seen.update(kwargs)
-        return "", ""
+    def fake_exec(dialog: QFileDialog) -> int:
+        seen["asks"] = not dialog.testOption(QFileDialog.Option.DontConfirmOverwrite)
+        return 0
 
-    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(fake_dialog))
-    window.save_path("t", dst, "")
-    assert seen["options"] & QFileDialog.Option.DontConfirmOverwrite
+    monkeypatch.setattr(QFileDialog, "exec", fake_exec)
+    assert window.save_path("t", dst, "") is None and seen == {"asks": False}
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"hello, not a checkpoint at all" * 5)
     drop(window, garbage)
