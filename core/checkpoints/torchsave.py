@@ -20,6 +20,7 @@ from .._files import member_path, read_regular
 from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
 from .._stand_ins import UnreadableRef
+from .._subclass import SubclassRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
@@ -206,6 +207,8 @@ class TorchCheckpoint(Checkpoint):
 
     def read_object(self, fqn: str, limit: int | None = None) -> Any:
         value = self._values[self.entry(fqn).fqn]
+        if isinstance(value, SubclassRef):
+            raise UnsupportedFormatError(f"{self._file_of[fqn].label}: {fqn!r} is {value.advice(fqn)}")
         if isinstance(value, UnreadableRef):
             raise UnsupportedFormatError(
                 f"{self._file_of[fqn].label}: {fqn!r} is {value.reason}; leave it out with --exclude"
