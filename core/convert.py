@@ -285,6 +285,7 @@ def convert(
     max_file_size: int | str | None = None,
     allow_expansion: bool = False,
     allow_empty: bool = False,
+    dequantize: bool = False,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -296,7 +297,9 @@ def convert(
     larger than what the source stores (one storage under many names) is refused with
     :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`). Patterns that keep
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
-    matches nothing while others select is warned about (and listed in the result's notes)."""
+    matches nothing while others select is warned about (and listed in the result's notes).
+    Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors
+    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``."""
     src_p, dst_p = as_location(src), as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = detect_format(src_p)
@@ -318,9 +321,11 @@ def convert(
     check_paths(src_p, dst_p, target)
     check_replaceable(dst_p, target, overwrite, src_p)
     transform = Transform(include, exclude, dtype, strip_prefix)
+    if dequantize and not trust_pickle:
+        raise ValueError("--dequantize runs the tensor subclasses' own code: it needs --trust-pickle")
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
+    with open_checkpoint(src_p, trust_pickle=trust_pickle, dequantize=dequantize) as ckpt:
         selection_notes = tuple(transform.keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
             warnings.warn(note, stacklevel=2)

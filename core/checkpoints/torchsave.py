@@ -21,6 +21,7 @@ from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
 from .._stand_ins import UnreadableRef
 from .._subclass import SubclassRef
+from ._subclasses import expand_subclass
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
@@ -39,7 +40,7 @@ class TorchCheckpoint(Checkpoint):
 
     format: Format = "torch"
 
-    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+    def __init__(self, path: Path, *, trust_pickle: bool = False, dequantize: bool = False) -> None:
         index = torch_index(path)
         files = _index_files(index) if index is not None else [path]
         self._files: list[TorchSaveFile] = []
@@ -48,6 +49,7 @@ class TorchCheckpoint(Checkpoint):
         self._paths: dict[str, tuple[str | int, ...]] = {}
         self.placed: dict[str, tuple[DTensorRef, tuple[int, ...]]] = {}  # DTensor shards: spec, offsets
         self._window = _Window()
+        self._dequantize = dequantize
         try:
             for file in files:
                 self._add(file, trust_pickle, sharded=index is not None)
@@ -96,14 +98,27 @@ class TorchCheckpoint(Checkpoint):
             )
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
-        for fqn, value in flat.items():
+        items = [(fqn, value, paths[fqn], None) for fqn, value in flat.items()]
+        if any(isinstance(v, SubclassRef) for v in flat.values()):
+            items = [
+                out
+                for fqn, value, path, _ in items
+                for out in (
+                    expand_subclass(fqn, value, path, self._dequantize, tsf.label)
+                    if isinstance(value, SubclassRef)
+                    else [(fqn, value, path, None)]
+                )
+            ]
+        for fqn, value, path, holder in items:
             if isinstance(value, DTensorRef):
                 value = self._place(file, fqn, value)
             if fqn in self._values:
                 raise CorruptCheckpointError(f"{file}: {fqn!r} is also in {Path(self._file_of[fqn].label).name}")
             self._values[fqn] = value
-            self._paths[fqn] = paths[fqn]
-            self._file_of[fqn] = tsf
+            self._paths[fqn] = path
+            self._file_of[fqn] = holder or tsf
+            if holder is not None:
+                self._files.append(holder)
 
     def _place(self, file: Path, fqn: str, dt: DTensorRef) -> TensorRef:
         """A DTensor's local shard, its place in the global tensor noted in :attr:`placed`."""
