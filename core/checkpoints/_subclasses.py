@@ -47,3 +47,21 @@ def expand_subclass(fqn: str, ref: SubclassRef, path: tuple[str | int, ...], deq
     torch.save({"t": dense}, buf)
     archive = TorchSaveFile(io.BytesIO(buf.getvalue()), label=f"{label} ({fqn!r} dequantized)")
     return [(fqn, archive.obj["t"], path, archive)]
+
+
+def dcp_subclass(raw: bytes, label: str, trust: bool) -> str | None:
+    """What a DCP tensor item holds when it stores fewer bytes than its metadata declares: torch's
+    writer ``torch.save``s each tensor item as it is, so a subclass's item is an archive of its inner
+    tensors under the outer dtype and shape (``dcp.load`` copies it only into a like-quantized model).
+    A one-line refusal naming the subclass, or None when the item is no subclass (damage)."""
+    try:
+        obj = TorchSaveFile(io.BytesIO(raw), trust_pickle=trust, label=label).obj
+    except (CorruptCheckpointError, UnsupportedFormatError):
+        return None
+    if not isinstance(obj, SubclassRef):
+        return None
+    return (
+        f"{label} is {obj.reason}, which DCP stores as its inner tensors under the declared "
+        f"{obj.dtype.name} {list(obj.shape)}; dcp.load reads it only into a {obj.kind.split()[0]}-quantized model "
+        "(convert its torch.save form instead), or leave it out with --exclude"
+    )
