@@ -50,6 +50,7 @@ class TorchCheckpoint(Checkpoint):
         self.placed: dict[str, tuple[DTensorRef, tuple[int, ...]]] = {}  # DTensor shards: spec, offsets
         self._window = _Window()
         self._dequantize = dequantize
+        self._whole = True
         try:
             for file in files:
                 self._add(file, trust_pickle, sharded=index is not None)
@@ -99,7 +100,8 @@ class TorchCheckpoint(Checkpoint):
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
         items = [(fqn, value, paths[fqn], None) for fqn, value in flat.items()]
-        if any(isinstance(v, SubclassRef) for v in flat.values()):
+        if any(isinstance(v, SubclassRef) and v.cls is not None for v in flat.values()):
+            self._whole = False  # its names are no longer the object's
             items = [
                 out
                 for fqn, value, path, _ in items
@@ -136,7 +138,7 @@ class TorchCheckpoint(Checkpoint):
     @property
     def obj(self) -> Any:
         """The whole object a single file holds (tensors as :class:`TensorRef`); None for shards."""
-        return self._files[0].obj if len(self._files) == 1 and "index" not in self.info else None
+        return self._files[0].obj if len(self._files) == 1 and self._whole and "index" not in self.info else None
 
     def chunk_count(self, fqn: str) -> int:
         entry = self.entry(fqn)
