@@ -34,8 +34,8 @@ from typing import IO, Any
 
 from ._pickle_guard import YieldingStream, run_with_stack, scan
 from ._refs import Device, Layout, Size, StorageType, TensorRef
-from ._subclass import ForeignNames, check_contained
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
+from ._subclass import ForeignNames, check_contained
 from .dtypes import BY_NAME, DType
 from .errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
 
@@ -154,8 +154,7 @@ def _load(
         unpickler._storages = storages
         with gc_paused():
             obj = unpickler.load()
-        what = check_contained(obj) if unpickler.foreign.types else None
-        if what is not None:
+        if unpickler.foreign.types and (what := check_contained(obj)) is not None:
             raise UnsafePickleError(unsafe_message(label, what), source=label, what=what)
         return obj
 

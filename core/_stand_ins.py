@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._dtensor import DTENSOR_GLOBALS, DTensorRef, is_dtensor_class
-from ._subclass import SubclassRef, UnreadableRef
 from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSource, StorageType, TensorRef
+from ._subclass import SubclassRef, UnreadableRef
 from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 

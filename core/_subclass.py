@@ -26,7 +26,15 @@ from .errors import CorruptCheckpointError, UnsupportedFormatError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SUBCLASS_PACKAGES", "ForeignNames", "ForeignRecord", "SubclassRef", "UnreadableRef", "check_contained", "class_name"]
+__all__ = [
+    "SUBCLASS_PACKAGES",
+    "ForeignNames",
+    "ForeignRecord",
+    "SubclassRef",
+    "UnreadableRef",
+    "check_contained",
+    "class_name",
+]
 
 SUBCLASS_PACKAGES = ("torchao",)
 _MAX_INNER = 64
@@ -185,11 +193,11 @@ class SubclassRef(UnreadableRef):
                 state[key] = t.build(sub)
             else:
                 state[key] = values[key]
-        out = torch._utils._rebuild_wrapper_subclass(  # type: ignore[no-untyped-call]
+        out = torch._utils._rebuild_wrapper_subclass(
             self.cls, self.dtype.torch, self.shape, self.stride, 0, torch.strided, torch.device("cpu"),
             self.requires_grad,
         )  # fmt: skip
-        torch._utils._set_obj_state(out, state)  # type: ignore[no-untyped-call]
+        torch._utils._set_obj_state(out, state)
         return out
 
     def dequantize(self, values: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -21,12 +21,14 @@ from .._tensor_io import materialize
 from ..errors import CorruptCheckpointError, DCPStudioError, UnsupportedFormatError
 from ..formats.torchsave import TorchSaveFile
 
-__all__ = ["expand_subclass"]
+__all__ = ["Item", "dcp_subclass", "expand_subclass"]
 
 Item = tuple[str, Any, tuple[str | int, ...], TorchSaveFile | None]
 
 
-def expand_subclass(fqn: str, ref: SubclassRef, path: tuple[str | int, ...], dequantize: bool, label: str) -> list[Item]:
+def expand_subclass(
+    fqn: str, ref: SubclassRef, path: tuple[str | int, ...], dequantize: bool, label: str
+) -> list[Item]:
     """The entries that stand for ``ref`` (named ``fqn`` at ``path``): ``(name, value, path, file)``;
     ``file`` None means the value is the source file's own."""
     if ref.cls is None:

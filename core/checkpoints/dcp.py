@@ -266,8 +266,7 @@ class DCPCheckpoint(Checkpoint):
         label, offset, length = f"{self.path / (c.file or '')} ({fqn!r})", c.offset or 0, c.length or 0
         if offset + length > self._files.size(c.file or ""):
             return
-        raw = bytes(_read(self._files.get(c.file or ""), offset, length, label))
-        message = dcp_subclass(raw, label, self._trust)
+        message = dcp_subclass(bytes(_read(self._files.get(c.file or ""), offset, length, label)), label, self._trust)
         if message is not None:
             raise UnsupportedFormatError(message)
 

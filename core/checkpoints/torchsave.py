@@ -21,7 +21,6 @@ from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
 from .._stand_ins import UnreadableRef
 from .._subclass import SubclassRef
-from ._subclasses import expand_subclass
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
@@ -29,6 +28,7 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, refuse_expanded, relative
+from ._subclasses import Item, expand_subclass
 from .base import ROOT_KEY, Checkpoint, Region, _box
 
 __all__ = ["TorchCheckpoint", "torch_index"]
@@ -99,7 +99,7 @@ class TorchCheckpoint(Checkpoint):
             )
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
-        items = [(fqn, value, paths[fqn], None) for fqn, value in flat.items()]
+        items: list[Item] = [(fqn, value, paths[fqn], None) for fqn, value in flat.items()]
         if any(isinstance(v, SubclassRef) and v.cls is not None for v in flat.values()):
             self._whole = False  # its names are no longer the object's
             items = [
