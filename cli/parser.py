@@ -20,6 +20,12 @@ def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination pat
         help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",
     )
     p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="with --trust-pickle: write tensor subclasses (torchao Float8Tensor, Int8Tensor…) as their "
+        "dequantize() instead of their inner tensors (NAME.qdata, NAME.scale)",
+    )
+    p.add_argument(
         "--allow-expansion",
         action="store_true",
         help="write an output many times larger than what the source stores (one storage viewed under many names)",

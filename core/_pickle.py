@@ -35,6 +35,7 @@ from typing import IO, Any
 from ._pickle_guard import YieldingStream, run_with_stack, scan
 from ._refs import Device, Layout, Size, StorageType, TensorRef
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
+from ._subclass import ForeignNames, check_contained
 from .dtypes import BY_NAME, DType
 from .errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
 
@@ -93,6 +94,7 @@ class Restricted(pickle.Unpickler):
         self._allowed = allowed
         self._trust = trust
         self._storages: LazyStorages | None = None
+        self.foreign = ForeignNames()
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _compat_pickle.NAME_MAPPING:  # pickles written by Python 2
@@ -101,6 +103,8 @@ class Restricted(pickle.Unpickler):
         found = self._allowed.get((module, name))
         if found is not None:
             return found
+        if not self._trust and self._allowed is TORCH_SAVE_GLOBALS and ForeignNames.admits(module):
+            return self.foreign.resolve(module, name)  # a subclass's class or value: see _subclass
         if self._trust:
             try:
                 return super().find_class(module, name)
@@ -149,7 +153,10 @@ def _load(
         unpickler = Restricted(YieldingStream(data), label, allowed, trust=trust)  # type: ignore[arg-type]  # a file
         unpickler._storages = storages
         with gc_paused():
-            return unpickler.load()
+            obj = unpickler.load()
+        if unpickler.foreign.types and (what := check_contained(obj)) is not None:
+            raise UnsafePickleError(unsafe_message(label, what), source=label, what=what)
+        return obj
 
     try:
         return run_with_stack(info, label, run)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._dtensor import DTENSOR_GLOBALS, DTensorRef, is_dtensor_class
 from ._refs import STORAGE_TYPES, Device, Layout, Size, StorageRef, StorageSource, StorageType, TensorRef
+from ._subclass import SubclassRef, UnreadableRef
 from .dtypes import BY_NAME, DTYPES, DType
 from .errors import CorruptCheckpointError, UnsupportedFormatError
 
@@ -100,18 +101,16 @@ class TensorType:
 
 
 def _rebuild_wrapper_subclass(cls: Any, dtype: Any, *args: Any) -> Any:
-    """A DTensor's wrapper (:class:`~._dtensor.DTensorRef`, filled by its state); any other tensor
-    subclass is named and refused."""
+    """A DTensor's wrapper (:class:`~._dtensor.DTensorRef`), or any other subclass's description
+    (:class:`~._subclass.SubclassRef`); either is filled by its state."""
+    if len(args) != 6:
+        raise CorruptCheckpointError("damaged tensor subclass in pickle")
+    size, stride, _offset, _layout, _device, requires_grad = args
     if is_dtensor_class(cls):
-        if len(args) != 6:
-            raise CorruptCheckpointError("damaged DTensor in pickle")
-        size, stride, _offset, _layout, _device, requires_grad = args
         return DTensorRef(dtype, size, stride, requires_grad)
-    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', type(cls).__name__)}"
-    raise UnsupportedFormatError(
-        f"holds a tensor subclass ({name[:120]}); only dense tensors and DTensors are supported "
-        "(a tensor type DCP Studio cannot read)"
-    )
+    if not isinstance(cls, type) or issubclass(cls, (TensorType, ParameterType)):
+        raise CorruptCheckpointError(f"a tensor subclass of type {str(cls)[:80]!r}")
+    return SubclassRef(cls, dtype, size, stride, requires_grad)
 
 
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
@@ -121,7 +120,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
         return func(*args)  # an UnreadableRef
     if func is _rebuild_wrapper_subclass:
         out = func(*args)
-        if not isinstance(out, DTensorRef) or new_type is not args[0]:
+        if new_type is not args[0]:
             raise CorruptCheckpointError("a tensor subclass rebuilt as another type")
         out.__setstate__(state)
         return out
@@ -134,22 +133,6 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     elif new_type is not TensorType:
         raise CorruptCheckpointError(f"tensor of type {new_type!r}")
     return out
-
-
-class UnreadableRef:
-    """A tensor of a kind DCP Studio cannot read (sparse, quantized, nested): kept under its name so
-    the rest of the file opens, and refused with ``reason`` where its value is asked for."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __reduce__(self) -> Any:
-        raise UnsupportedFormatError(f"holds {self.reason}")
-
-    def __repr__(self) -> str:
-        return f"<{self.reason.split(';')[0]}>"
 
 
 def _unsupported(kind: str) -> Callable[..., Any]:

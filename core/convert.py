@@ -35,9 +35,7 @@ from ._output import (
 )
 from ._refs import StorageRef, TensorRef
 from ._remote import as_location
-from ._tensor_io import materialize, to_bytes
 from ._tree import iter_tensors, set_element
-from .dtypes import DType
 from .errors import DCPStudioError, UnsupportedFormatError
 from .formats.dcp import DCPItem
 from .formats.detect import Format, detect_format
@@ -45,7 +43,7 @@ from .formats.values import ENCODING, ENCODING_KEY, VALUES_KEY, NotStorable, enc
 from .inspect import ROOT_KEY, Checkpoint, SafetensorsCheckpoint, TorchCheckpoint, open_checkpoint
 from .model import refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
-from .transform import CASTS, Transform
+from .transform import CASTS, Transform, cast_ref, cast_view
 
 __all__ = [
     "SUFFIX_TARGETS",
@@ -74,42 +72,6 @@ def parse_size(text: str) -> int:
     return size
 
 
-class _Cast:
-    """The storage of a tensor cast to another dtype: its bytes are computed (with torch) when
-    they are written."""
-
-    def __init__(self, source: TensorRef, to: DType, label: str) -> None:
-        self.source = source
-        self.to = to
-        self.label = label
-
-    def storage_range(self, ref: StorageRef) -> None:
-        return None
-
-    def storage_bytes(self, ref: StorageRef) -> memoryview:
-        return to_bytes(materialize(self.source).to(self.to.torch))
-
-
-def _cast(t: TensorRef, to: DType, label: str) -> TensorRef:
-    storage = StorageRef.for_tensor(f"cast:{label}", to, t.numel, _Cast(t, to, label))
-    return TensorRef.contiguous(storage, to, t.shape)
-
-
-def _cast_view(t: TensorRef, to: DType, label: str, done: dict[tuple[int, str], StorageRef]) -> TensorRef | None:
-    """``t`` as the same view of its storage cast whole to ``to`` (once per storage and dtype, in
-    ``done``): a torch.save target keeps views that share a storage sharing one. None when the
-    storage does not hold whole elements of ``t``'s dtype."""
-    src = t.storage
-    if src is None or src.nbytes % t.dtype.itemsize:
-        return None
-    key = (id(src), t.dtype.name)
-    storage = done.get(key)
-    if storage is None:
-        whole = TensorRef(src, t.dtype, (src.nbytes // t.dtype.itemsize,), (1,))
-        storage = done[key] = StorageRef.for_tensor(f"cast:{label}", to, whole.numel, _Cast(whole, to, label))
-    return TensorRef(storage, to, t.shape, t.stride, t.storage_offset, t.requires_grad)
-
-
 @dataclass
 class _Entry:
     """One entry of the output: its name, its place in the nested state dict, and its tensor or
@@ -136,9 +98,9 @@ def _plan(ckpt: Checkpoint, transform: Transform, views: bool) -> list[_Entry]:
             compact = views
             cast = transform.cast_of(t.dtype)
             if cast is not None:
-                view = _cast_view(t, cast, fqn, casts) if views else None
+                view = cast_view(t, cast, fqn, casts) if views else None
                 compact = view is not None
-                t = view if view is not None else _cast(t, cast, fqn)
+                t = view if view is not None else cast_ref(t, cast, fqn)
             if not compact:
                 refuse_expanded(entry, str(ckpt.path), "write")
             out.append(_Entry(fqn, path, t))
@@ -302,6 +264,7 @@ def convert(
     max_file_size: int | str | None = None,
     allow_expansion: bool = False,
     allow_empty: bool = False,
+    dequantize: bool = False,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -314,6 +277,8 @@ def convert(
     :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`). Patterns that keep
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
     matches nothing while others select is warned about (and listed in the result's notes).
+    Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors
+    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``.
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it."""
@@ -340,9 +305,15 @@ def convert(
     check_paths(src_p, dst_p, target, src_format=fmt)
     check_replaceable(dst_p, target, overwrite, src_p)
     transform = Transform(include, exclude, dtype, strip_prefix)
+    if dequantize and not trust_pickle:
+        raise ValueError("--dequantize runs the tensor subclasses' own code: it needs --trust-pickle")
     if trust_pickle:
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
-    opened = nullcontext(given) if given is not None else open_checkpoint(src_p, trust_pickle=trust_pickle, fmt=fmt)
+    opened = (
+        nullcontext(given)
+        if given is not None
+        else open_checkpoint(src_p, trust_pickle=trust_pickle, fmt=fmt, dequantize=dequantize)
+    )
     with opened as ckpt:
         selection_notes = tuple(transform.keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
@@ -383,7 +354,8 @@ def _convert_from(
     found = detect_format(src_p)
     if found != fmt:
         raise UnsupportedFormatError(f"{src}: not {what} (it is {_NAMES[found]})")
-    with open_checkpoint(src_p, trust_pickle=options.get("trust_pickle", False), fmt=found) as ckpt:
+    trust, dequantize = options.get("trust_pickle", False), options.get("dequantize", False)
+    with open_checkpoint(src_p, trust_pickle=trust, fmt=found, dequantize=dequantize) as ckpt:
         return convert(ckpt, dst, to=to, **options)
 
 

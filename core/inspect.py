@@ -45,11 +45,14 @@ def open_checkpoint(
     trust_pickle: bool = False,
     full_index: bool = False,
     fmt: Format | None = None,
+    dequantize: bool = False,
 ) -> Checkpoint:
     """Open a DCP directory, torch.save file or safetensors checkpoint without reading tensor data.
     ``full_index``: read a DCP's whole storage index now (see :class:`DCPCheckpoint`), not on first
     use -- for callers that will show every entry's chunks and sizes anyway. ``fmt``: the format
-    the caller has already detected for this location (an operation detects it once)."""
+    the caller has already detected for this location (an operation detects it once).
+    ``dequantize``: a trusted torch.save file's tensor subclasses as their ``dequantize()`` (see
+    :mod:`.checkpoints._subclasses`)."""
     p = as_location(path)
     fmt = fmt or detect_format(p)
     if fmt == "dcp":
@@ -58,7 +61,7 @@ def open_checkpoint(
         ranks = shard_set_files(p) if isinstance(p, Path) else None
         if ranks is not None:
             return ShardSetCheckpoint(p, ranks, trust_pickle=trust_pickle)
-        return TorchCheckpoint(p, trust_pickle=trust_pickle)
+        return TorchCheckpoint(p, trust_pickle=trust_pickle, dequantize=dequantize)
     if fmt == "safetensors":
         return SafetensorsCheckpoint(p)
     raise UnsupportedFormatError(f"{p}: unknown format {fmt}")

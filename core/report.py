@@ -43,6 +43,7 @@ import math
 from typing import Any
 
 from ._remote import RemotePath
+from ._subclass import UnreadableRef
 from ._units import exact_count, human_bytes, human_count
 from .diff import DiffReport, EntryComparison, ValueMismatch
 from .errors import DCPStudioError, UnsafePickleError
@@ -133,7 +134,7 @@ def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> s
     ``(value, 913 B)`` and why it is not shown. ``budget`` (bytes and reads left, shared by a
     listing's calls) bounds the reads."""
     if e.kind == "object":
-        return f"= {short_repr(e.value, 60)}"
+        return f"= {short_repr(e.value, 160 if isinstance(e.value, UnreadableRef) else 60)}"
     if e.byte_size > SHOWN_VALUE_LIMIT or (budget is not None and (budget[0] < e.byte_size or budget[1] < 1)):
         return f"(value, {human_bytes(e.nbytes)})"
     if budget is not None:

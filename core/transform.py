@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._refs import StorageRef, TensorRef
+from ._tensor_io import materialize, to_bytes
 from .checkpoints import Checkpoint, Region
 from .dtypes import DTYPES, DType
 from .errors import DCPStudioError
@@ -24,7 +26,7 @@ from .names import NameFilter
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CASTS", "Transform", "Transformed"]
+__all__ = ["CASTS", "Transform", "Transformed", "cast_ref", "cast_view"]
 
 CASTS = {"bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"], "fp32": DTYPES["float32"]}
 """The casts a conversion offers, by the name the CLI and the window give them."""
@@ -120,3 +122,40 @@ class Transformed(Checkpoint):
 
     def close(self) -> None:
         """The source is the caller's to close."""
+
+
+class _Cast:
+    """The storage of a tensor cast to another dtype: its bytes are computed (with torch) when
+    they are written."""
+
+    def __init__(self, source: TensorRef, to: DType, label: str) -> None:
+        self.source = source
+        self.to = to
+        self.label = label
+
+    def storage_range(self, ref: StorageRef) -> None:
+        return None
+
+    def storage_bytes(self, ref: StorageRef) -> memoryview:
+        return to_bytes(materialize(self.source).to(self.to.torch))
+
+
+def cast_ref(t: TensorRef, to: DType, label: str) -> TensorRef:
+    """``t`` cast to ``to``, as a contiguous tensor whose bytes are computed when written."""
+    storage = StorageRef.for_tensor(f"cast:{label}", to, t.numel, _Cast(t, to, label))
+    return TensorRef.contiguous(storage, to, t.shape)
+
+
+def cast_view(t: TensorRef, to: DType, label: str, done: dict[tuple[int, str], StorageRef]) -> TensorRef | None:
+    """``t`` as the same view of its storage cast whole to ``to`` (once per storage and dtype, in
+    ``done``): a torch.save target keeps views that share a storage sharing one. None when the
+    storage does not hold whole elements of ``t``'s dtype."""
+    src = t.storage
+    if src is None or src.nbytes % t.dtype.itemsize:
+        return None
+    key = (id(src), t.dtype.name)
+    storage = done.get(key)
+    if storage is None:
+        whole = TensorRef(src, t.dtype, (src.nbytes // t.dtype.itemsize,), (1,))
+        storage = done[key] = StorageRef.for_tensor(f"cast:{label}", to, whole.numel, _Cast(whole, to, label))
+    return TensorRef(storage, to, t.shape, t.stride, t.storage_offset, t.requires_grad)

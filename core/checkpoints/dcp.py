@@ -21,12 +21,13 @@ from .._io import FileRange, read_box, read_exact, source_of
 from .._pickle import gc_paused, load_light_metadata, load_light_metadata_head
 from .._refs import StorageRef
 from .._tensor_io import to_bytes
-from ..errors import CancelledError, CorruptCheckpointError, DCPStudioError, UnsafePickleError
+from ..errors import CancelledError, CorruptCheckpointError, DCPStudioError, UnsafePickleError, UnsupportedFormatError
 from ..formats.dcp import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ..formats.dcp_index import DCPIndex
 from ..formats.detect import Format
 from ..formats.torchsave import VALUE_LIMIT, TorchSaveFile
 from ..model import Chunk, Entry, Node, build_tree
+from ._subclasses import dcp_subclass
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 from .dcp_children import build_in_child, cancel_child, finish_child, index_in_child, parse_in_child, stop_child
 from .dcp_fast import Head
@@ -251,6 +252,7 @@ class DCPCheckpoint(Checkpoint):
             assert entry.dtype is not None
             for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
                 if not transforms[c.offsets] and volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
+                    self._refuse_subclass(fqn, c)
                     raise CorruptCheckpointError(
                         f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only "
                         f"{c.length} bytes"
@@ -258,6 +260,15 @@ class DCPCheckpoint(Checkpoint):
         self._transforms[fqn] = transforms
         self._chunks[fqn] = out
         return out
+
+    def _refuse_subclass(self, fqn: str, c: Chunk) -> None:
+        """A short chunk that is a tensor subclass's archive is refused by name, not as damage."""
+        label, offset, length = f"{self.path / (c.file or '')} ({fqn!r})", c.offset or 0, c.length or 0
+        if offset + length > self._files.size(c.file or ""):
+            return
+        message = dcp_subclass(bytes(_read(self._files.get(c.file or ""), offset, length, label)), label, self._trust)
+        if message is not None:
+            raise UnsupportedFormatError(message)
 
     def _item_bytes(self, c: Chunk, fqn: str, limit: int) -> tuple[IO[bytes], int, int, str]:
         """Where a stored item's archive lies: in its data file, or (transformed) decoded in memory.

@@ -20,6 +20,7 @@ from .._files import member_path, read_regular
 from .._io import read_box, read_exact, tensor_buffer
 from .._refs import TensorRef
 from .._stand_ins import UnreadableRef
+from .._subclass import SubclassRef
 from .._tensor_io import materialize
 from .._tree import flatten_state_dict
 from ..dtypes import DType
@@ -27,6 +28,7 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
 from ..formats.torchsave import TorchSaveFile
 from ..model import Chunk, Entry, refuse_expanded, relative
+from ._subclasses import Item, expand_subclass
 from .base import ROOT_KEY, Checkpoint, Region, _box
 
 __all__ = ["TorchCheckpoint", "torch_index"]
@@ -38,7 +40,7 @@ class TorchCheckpoint(Checkpoint):
 
     format: Format = "torch"
 
-    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+    def __init__(self, path: Path, *, trust_pickle: bool = False, dequantize: bool = False) -> None:
         index = torch_index(path)
         files = _index_files(index) if index is not None else [path]
         self._files: list[TorchSaveFile] = []
@@ -47,6 +49,8 @@ class TorchCheckpoint(Checkpoint):
         self._paths: dict[str, tuple[str | int, ...]] = {}
         self.placed: dict[str, tuple[DTensorRef, tuple[int, ...]]] = {}  # DTensor shards: spec, offsets
         self._window = _Window()
+        self._dequantize = dequantize
+        self._whole = True
         try:
             for file in files:
                 self._add(file, trust_pickle, sharded=index is not None)
@@ -95,14 +99,28 @@ class TorchCheckpoint(Checkpoint):
             )
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(f"{file}: cannot flatten its names ({type(e).__name__}: {e})") from e
-        for fqn, value in flat.items():
+        items: list[Item] = [(fqn, value, paths[fqn], None) for fqn, value in flat.items()]
+        if any(isinstance(v, SubclassRef) and v.cls is not None for v in flat.values()):
+            self._whole = False  # its names are no longer the object's
+            items = [
+                out
+                for fqn, value, path, _ in items
+                for out in (
+                    expand_subclass(fqn, value, path, self._dequantize, tsf.label)
+                    if isinstance(value, SubclassRef)
+                    else [(fqn, value, path, None)]
+                )
+            ]
+        for fqn, value, path, holder in items:
             if isinstance(value, DTensorRef):
                 value = self._place(file, fqn, value)
             if fqn in self._values:
                 raise CorruptCheckpointError(f"{file}: {fqn!r} is also in {Path(self._file_of[fqn].label).name}")
             self._values[fqn] = value
-            self._paths[fqn] = paths[fqn]
-            self._file_of[fqn] = tsf
+            self._paths[fqn] = path
+            self._file_of[fqn] = holder or tsf
+            if holder is not None:
+                self._files.append(holder)
 
     def _place(self, file: Path, fqn: str, dt: DTensorRef) -> TensorRef:
         """A DTensor's local shard, its place in the global tensor noted in :attr:`placed`."""
@@ -120,7 +138,7 @@ class TorchCheckpoint(Checkpoint):
     @property
     def obj(self) -> Any:
         """The whole object a single file holds (tensors as :class:`TensorRef`); None for shards."""
-        return self._files[0].obj if len(self._files) == 1 and "index" not in self.info else None
+        return self._files[0].obj if len(self._files) == 1 and self._whole and "index" not in self.info else None
 
     def chunk_count(self, fqn: str) -> int:
         entry = self.entry(fqn)
@@ -206,6 +224,8 @@ class TorchCheckpoint(Checkpoint):
 
     def read_object(self, fqn: str, limit: int | None = None) -> Any:
         value = self._values[self.entry(fqn).fqn]
+        if isinstance(value, SubclassRef):
+            raise UnsupportedFormatError(f"{self._file_of[fqn].label}: {fqn!r} is {value.advice(fqn)}")
         if isinstance(value, UnreadableRef):
             raise UnsupportedFormatError(
                 f"{self._file_of[fqn].label}: {fqn!r} is {value.reason}; leave it out with --exclude"
