@@ -20,7 +20,6 @@ __all__ = ["create_window", "run"]
 
 def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindow:
     """The configured, shown main window (the QApplication must exist)."""
-    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from .main_window import MainWindow
@@ -38,12 +37,31 @@ def create_window(paths: Sequence[str] = (), *, demo: bool = False) -> MainWindo
     window = MainWindow()
     window.show()  # first: everything below runs on worker threads
     _trace_startup(window)
-    QTimer.singleShot(50, window.load_torch_in_background)  # once the first frame is on screen
     if demo:
         window.open_demo()
     elif paths:
         window.open_path(paths[0])  # a path or a URL
+    _load_torch_once_open(window)
     return window
+
+
+def _load_torch_once_open(window: MainWindow) -> None:
+    """Start importing PyTorch once the first frame is on screen and the checkpoint asked for on
+    the command line (or the demo) is shown: that import holds the GIL for seconds, and opening
+    needs no torch, so the two do not share the interpreter while the user waits for the tree."""
+    from PySide6.QtCore import QTimer
+
+    timer = QTimer(window)
+    timer.setInterval(50)
+
+    def check() -> None:
+        if not any(kind in window.jobs and window.jobs[kind].running for kind in ("demo", "open")):
+            timer.stop()
+            timer.deleteLater()
+            window.load_torch_in_background()
+
+    timer.timeout.connect(check)
+    timer.start()
 
 
 def _trace_startup(window: MainWindow) -> None:

@@ -1,14 +1,24 @@
-"""Synthetic checkpoints: the demo shown to new users and the benchmark's llama-like model."""
+"""Synthetic checkpoints: the demo shown to new users and the benchmark's llama-like model.
+
+Writing the demo needs PyTorch (seconds to import); finding one written before does not: the
+window opens the demo from its folder when :func:`written_demo` finds it unchanged since
+:func:`write_demo` stamped it, and shows its tree without waiting for torch.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["demo_dir", "llama_like_state_dict", "write_demo"]
+__all__ = ["demo_dir", "llama_like_state_dict", "write_demo", "written_demo"]
+
+DEMO_VERSION = 1  # raise when _demo_state_dict changes: stamps of another version are rewritten
+_STAMP = ".demo-stamp.json"
 
 
 def demo_dir() -> Path:
@@ -23,6 +33,8 @@ def llama_like_state_dict(total_bytes: int, *, seed: int = 0) -> dict[str, Any]:
     Layer width is chosen so the whole is about ``total_bytes`` with ~100 tensors (8 per layer
     plus embeddings); the largest tensor is the embedding / output matrix.
     """
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     layers = 12
     # per layer: 4 attention d*d + 3 mlp d*(8d/3) (bf16) = 12 d^2 * 2 bytes; plus 2 d^2 for emb/out
@@ -49,6 +61,8 @@ def llama_like_state_dict(total_bytes: int, *, seed: int = 0) -> dict[str, Any]:
 
 
 def _demo_state_dict() -> dict[str, Any]:
+    import torch
+
     sd = llama_like_state_dict(8 << 20)
     weights = list(sd["model"].items())[:4]
     sd["optim"] = {
@@ -63,15 +77,44 @@ def _demo_state_dict() -> dict[str, Any]:
 
 
 def write_demo(directory: Path | None = None, *, overwrite: bool = True) -> tuple[Path, Path]:
-    """Write ``demo.pt`` (torch.save) and ``demo_dcp/`` (DCP) for a first look; returns both paths."""
+    """Write ``demo.pt`` (torch.save) and ``demo_dcp/`` (DCP) for a first look, and stamp them;
+    returns both paths."""
+    import torch
+
     from .convert import torch_save_to_dcp
 
     directory = directory or demo_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / _STAMP).unlink(missing_ok=True)  # until both are rewritten, they are not the stamped ones
     pt = directory / "demo.pt"
     tmp = directory / ".demo.pt.partial"
     torch.save(_demo_state_dict(), tmp)
     os.replace(tmp, pt)
     dcp_dir = directory / "demo_dcp"
     torch_save_to_dcp(pt, dcp_dir, overwrite=overwrite)
+    tmp = directory / f".{_STAMP}.partial"
+    tmp.write_text(json.dumps({"version": DEMO_VERSION, "files": _listing(pt, dcp_dir)}))
+    os.replace(tmp, directory / _STAMP)
+    return pt, dcp_dir
+
+
+def _listing(pt: Path, dcp_dir: Path) -> list[list[Any]]:
+    """What the stamp records of the demo's files: name, size and modification time of each, so a
+    file changed, added or removed since (a user's experiment) is seen with a few ``stat`` calls."""
+    files = [pt, *sorted(dcp_dir.iterdir())]
+    return [[f.relative_to(pt.parent).as_posix(), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def written_demo(directory: Path | None = None) -> tuple[Path, Path] | None:
+    """The demo's two paths when :func:`write_demo` wrote them (this version) and nothing changed
+    them since; None when it must be written (again). Imports no torch."""
+    directory = directory or demo_dir()
+    pt, dcp_dir = directory / "demo.pt", directory / "demo_dcp"
+    try:
+        stamp = json.loads((directory / _STAMP).read_text())
+        current = _listing(pt, dcp_dir)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("version") != DEMO_VERSION or stamp.get("files") != current:
+        return None
     return pt, dcp_dir
