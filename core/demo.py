@@ -140,12 +140,15 @@ def write_demo(directory: Path | None = None, *, overwrite: bool = True) -> tupl
     pt = directory / "demo.pt"
     tmp = directory / ".demo.pt.partial"
     obj, data = _demo_state_dict()
-    with open(tmp, "wb") as f:
-        writer = TorchSaveWriter(f, archive_name(pt))
-        for key, ref in writer.write_pickle(obj):
-            writer.write_storage(key, data[id(ref)])
-        writer.finish()
-    os.replace(tmp, pt)
+    try:
+        with open(tmp, "wb") as f:
+            writer = TorchSaveWriter(f, archive_name(pt))
+            for key, ref in writer.write_pickle(obj):
+                writer.write_storage(key, data[id(ref)])
+            writer.finish()
+        os.replace(tmp, pt)
+    finally:
+        tmp.unlink(missing_ok=True)  # nothing left behind (after the rename, nothing is there)
     dcp_dir = directory / "demo_dcp"
     torch_save_to_dcp(pt, dcp_dir, overwrite=overwrite)
     tmp = directory / f".{_STAMP}.partial"
