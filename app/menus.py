@@ -177,7 +177,7 @@ def about_html() -> str:
 
     rows = [
         ("DCP Studio", _version("dcpstudio")),
-        ("PyTorch", sys.modules["torch"].__version__ if "torch" in sys.modules else _version("torch")),
+        ("PyTorch", getattr(sys.modules.get("torch"), "__version__", None) or _version("torch")),  # may be loading
         ("Python", platform.python_version()),
         ("Qt / PySide6", PySide6.__version__),
         ("Installed in", str(dcpstudio.__file__).rsplit("/", 1)[0]),

@@ -1,4 +1,5 @@
-"""Two start-up jobs of the window: PyTorch imported in the background, and the demo written."""
+"""Two start-up jobs of the window: PyTorch imported in the background, and the demo opened
+(written first only when no unchanged copy of it is found: writing needs torch, opening does not)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,15 @@ def load_torch_in_background(board: JobBoard, status: QLabel) -> Job:
 def open_demo(
     board: JobBoard, activity: QLabel, settings: Settings, browser: FileBrowser, open_path: Callable[[Path], None]
 ) -> Job:
-    """Write the demo checkpoints (a worker job), then open the DCP one, shown in the browser."""
-    activity.setText("Writing the demo checkpoints…")
+    """Find or write the demo checkpoints (a worker job), then open the DCP one, shown in the browser."""
 
     def work(progress: Any, cancel: Any) -> tuple[Path, Path]:
-        from dcpstudio.core.demo import write_demo
+        from dcpstudio.core.demo import write_demo, written_demo
 
+        found = written_demo()  # a listing of its folder: here, not on the GUI thread
+        if found is not None:
+            return found
+        progress("Writing the demo checkpoints…")
         return write_demo()
 
     def done(paths: tuple[Path, Path]) -> None:
@@ -57,4 +61,4 @@ def open_demo(
         browser.set_root(str(dcp_dir.parent))
         open_path(dcp_dir)
 
-    return board.start("demo", work, done, lambda: activity.setText(""))
+    return board.start("demo", work, done, lambda: activity.setText(""), activity.setText)

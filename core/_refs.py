@@ -205,13 +205,14 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def is_tensor(value: Any) -> bool:
-    """A tensor of any kind: a :class:`TensorRef`, or a ``torch.Tensor`` if torch is loaded."""
+    """A tensor of any kind: a :class:`TensorRef`, or a ``torch.Tensor`` if torch is loaded (or
+    loading: the window imports it in the background while checkpoints are opened)."""
     if isinstance(value, TensorRef):
         return True
     import sys
 
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
+    torch = sys.modules.get("torch")  # being imported on another thread: may not have Tensor yet
+    return torch is not None and isinstance(value, getattr(torch, "Tensor", ()))
 
 
 class Size(tuple[int, ...]):

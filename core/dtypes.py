@@ -61,8 +61,8 @@ class DType:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, DType):
             return other is self
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(other, torch.dtype):
+        torch = sys.modules.get("torch")  # being imported on another thread: may not have dtype yet
+        if torch is not None and isinstance(other, getattr(torch, "dtype", ())):
             return str(other) == f"torch.{self.name}"
         return NotImplemented
 
