@@ -12,7 +12,8 @@ import torch
 
 from dcpstudio.app.main_window import MainWindow
 from dcpstudio.app.value_model import selection_csv
-from dcpstudio.core import CancelToken
+from dcpstudio.app.compare_model import ROW_ROLE
+from dcpstudio.core import CancelToken, torch_save_to_dcp
 from dcpstudio.core.slices import SliceSpec
 from tests.app.test_window import finish, open_by_drop
 
@@ -33,7 +34,8 @@ def _text(byte: int) -> str:
 
 
 def _save(path: Path, rows: list[list[int]]) -> None:
-    torch.save({"w": torch.tensor(rows, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}, path)
+    packed = torch.tensor(rows, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    torch.save({"w": packed, "s": packed[0, 1].clone()}, path)  # "s": a 0-d element
 
 
 def _wait_cell(qtbot: Any, window: MainWindow, r: int, c: int) -> tuple[str, str]:
@@ -59,6 +61,9 @@ def test_float4_shows_both_values_of_each_element(
     assert (preview.rowCount(), preview.columnCount()) == (3, 4)
     assert [[preview.item(r, c).text() for c in range(4)] for r in range(3)] == text
     assert "low nibble | high nibble" in window.details.preview_caption.text()
+    assert window.select("s")
+    qtbot.waitUntil(lambda: window.details.prop_labels["Value"].text() == text[0][1], timeout=20_000)
+    assert window.details.preview.item(0, 0).text() == text[0][1]
 
     window.explore("w")
     ex = window.explorer
@@ -84,12 +89,14 @@ def test_float4_shows_both_values_of_each_element(
 def test_float4_compare_panes_show_both_values(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
     _save(tmp_path / "a.pt", _BYTES)
     _save(tmp_path / "b.pt", [[b ^ 0x10 for b in row] for row in _BYTES])
+    torch_save_to_dcp(tmp_path / "b.pt", tmp_path / "b_dcp")  # B as a DCP
     open_by_drop(qtbot, window, tmp_path / "a.pt")
     view = window.compare_view
     window.views.setCurrentWidget(view)
-    assert view.run(tmp_path / "b.pt") is not None
+    assert view.run(tmp_path / "b_dcp") is not None
     finish(qtbot, window, "compare")
-    view.table.selectRow(0)
+    row = next(r for r in range(view.proxy.rowCount()) if view.proxy.index(r, 0).data(ROW_ROLE).fqn == "w")
+    view.table.selectRow(row)
     qtbot.waitUntil(lambda: view.a_values.rowCount() == 3 and view.b_values.rowCount() == 3, timeout=20_000)
     assert view.a_values.item(1, 2).text() == _text(_BYTES[1][2])
     assert view.b_values.item(1, 2).text() == _text(_BYTES[1][2] ^ 0x10)
