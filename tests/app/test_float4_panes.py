@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from dcpstudio.app.compare_model import ROW_ROLE
 from dcpstudio.app.main_window import MainWindow
 from dcpstudio.app.value_model import selection_csv
-from dcpstudio.app.compare_model import ROW_ROLE
 from dcpstudio.core import CancelToken, torch_save_to_dcp
 from dcpstudio.core.slices import SliceSpec
 from tests.app.test_window import finish, open_by_drop
