@@ -20,7 +20,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from dcpstudio.core import Checkpoint
-from dcpstudio.core.slices import SliceSpec, read_window
+from dcpstudio.core.slices import SliceSpec, display_cells, read_window
 
 __all__ = ["TILE_COLS", "TILE_ROWS", "TileLoader", "ValueTableModel", "csv_text", "format_value", "selection_csv"]
 
@@ -31,12 +31,19 @@ AnyIndex = QModelIndex | QPersistentModelIndex
 Tile = list[list[str]]
 
 
+def _csv_field(v: Any) -> Any:
+    if isinstance(v, tuple):  # a packed element's values (float4_e2m1fn_x2), one field as its cell shows them
+        return " | ".join(str(_csv_field(x)) for x in v)
+    return repr(v) if isinstance(v, float) else v
+
+
 def csv_text(rows: list[list[Any]]) -> str:
-    """Values as CSV, full precision (Python's shortest round-trip repr for floats)."""
+    """Values as CSV, full precision (Python's shortest round-trip repr for floats), one field per
+    cell: a packed element's values in one field, ``lo | hi``."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for row in rows:
-        writer.writerow([repr(v) if isinstance(v, float) else v for v in row])
+        writer.writerow([_csv_field(v) for v in row])
     return out.getvalue()
 
 
@@ -47,15 +54,16 @@ def selection_csv(
     parts = []
     for r0, r1, c0, c1 in sorted(boxes):
         cancel.check()
-        t = read_window(ckpt, fqn, spec, r0, r1, c0, c1)
-        if t.dtype.is_floating_point and t.dtype.itemsize < 4:
-            t = t.float()
-        parts.append(csv_text(t.tolist()))
+        parts.append(csv_text(display_cells(read_window(ckpt, fqn, spec, r0, r1, c0, c1))))
     return "\n".join(parts)
 
 
 def format_value(v: Any) -> str:
-    """A cell's text: floats to 6 significant digits, complex as a+bj, the rest as Python prints them."""
+    """A cell's text: floats to 6 significant digits, complex as a+bj, a packed element's values
+    (a tuple from :func:`~dcpstudio.core.slices.display_cells`) as ``lo | hi``, the rest as Python
+    prints them."""
+    if isinstance(v, tuple):
+        return " | ".join(format_value(x) for x in v)
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.6g}"
     if isinstance(v, complex):
@@ -65,15 +73,9 @@ def format_value(v: Any) -> str:
 
 def tile_texts(ckpt: Checkpoint, fqn: str, spec: SliceSpec, tr: int, tc: int) -> Tile:
     """Read tile ``(tr, tc)`` of the slice and format it (on a worker)."""
-    import torch
-
     r0, c0 = tr * TILE_ROWS, tc * TILE_COLS
     t = read_window(ckpt, fqn, spec, r0, r0 + TILE_ROWS, c0, c0 + TILE_COLS)
-    if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16, fp8: exact as float32
-        t = t.float()
-    elif t.dtype == torch.complex32:
-        t = t.to(torch.complex64)
-    return [[format_value(v) for v in row] for row in t.tolist()]
+    return [[format_value(v) for v in row] for row in display_cells(t)]
 
 
 class TileLoader:
@@ -147,11 +149,13 @@ class TileLoader:
 
 class ValueTableModel(QAbstractTableModel):
     """The cells of ``spec`` for tensor ``fqn``; headers are indices in the tensor's dimensions.
-    ``failed(error)`` is called once when a tile cannot be read."""
+    ``failed(error)`` is called once when a tile cannot be read. ``note`` (what a cell of a packed
+    dtype holds, :func:`~dcpstudio.core.slices.cell_note`) is the tooltip of cells and headers."""
 
-    def __init__(self, spec: SliceSpec, loader: TileLoader, parent: QObject | None = None) -> None:
+    def __init__(self, spec: SliceSpec, loader: TileLoader, parent: QObject | None = None, note: str = "") -> None:
         super().__init__(parent)
         self.spec = spec
+        self.note = note
         self.loader = loader
         self.tiles: OrderedDict[tuple[int, int], Tile | BaseException] = OrderedDict()
         self.requested: set[tuple[int, int]] = set()
@@ -170,7 +174,8 @@ class ValueTableModel(QAbstractTableModel):
             return str(section)
         if role == Qt.ItemDataRole.ToolTipRole:
             dim = self.spec.rows if orientation == Qt.Orientation.Vertical else self.spec.cols
-            return f"index {section} of dimension {dim}" if dim is not None else None
+            tip = f"index {section} of dimension {dim}" if dim is not None else ""
+            return "\n".join(t for t in (tip, self.note) if t) or None
         return None
 
     def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -191,7 +196,7 @@ class ValueTableModel(QAbstractTableModel):
         if isinstance(tile, BaseException):
             return "⚠" if role == Qt.ItemDataRole.DisplayRole else str(tile)
         if role == Qt.ItemDataRole.ToolTipRole:
-            return None
+            return self.note or None
         row = tile[r - key[0] * TILE_ROWS] if r - key[0] * TILE_ROWS < len(tile) else []
         return row[c - key[1] * TILE_COLS] if c - key[1] * TILE_COLS < len(row) else ""
 

@@ -20,7 +20,7 @@ from ._blocks import BLOCK_BUDGET, blocks, box_slices
 from ._files import create_file, sync_file
 from ._output import check_paths, io_error
 from ._remote import as_location
-from ._tensor_io import to_bytes
+from ._tensor_io import numeric, to_bytes
 from .dtypes import DTYPES, DType
 from .errors import DCPStudioError, NotATensorError, UnsupportedFormatError
 from .formats.npy import npy_descr, npy_header
@@ -71,6 +71,8 @@ def _npy_dtype(entry: Entry) -> tuple[DType, str, str | None]:
         f"{entry.fqn}: NumPy has no {dtype_name(dtype)} type; written as {wide.name} "
         f"(every {dtype_name(dtype)} value is exactly a {wide.name} value)"
     )
+    if dtype.pack > 1:
+        note += f", {dtype.pack} values per element along the last dimension, low nibble first"
     return wide, npy_descr(wide) or "", note
 
 
@@ -82,7 +84,7 @@ def _pieces(ckpt: Checkpoint, entry: Entry, out: DType, budget: int, reporter: R
         reporter.check()
         block = ckpt.read_tensor(entry.fqn, box_slices(offsets, sizes))
         nbytes = block.numel() * block.element_size()
-        data = to_bytes(block if out is entry.dtype else block.to(out.torch))
+        data = to_bytes(block if out is entry.dtype else numeric(block).to(out.torch))
         del block
         yield data
         del data  # one block in memory at a time: the consumer drops its reference too
@@ -102,8 +104,9 @@ def export_tensor(
 ) -> ExportResult:
     """Write the tensor ``fqn`` of ``ckpt`` to ``dst``: ``.npy`` (``np.load`` reads it back; types
     NumPy lacks -- bfloat16, float8, complex32 -- are widened losslessly to float32 / complex64,
-    with a note) or ``.pt`` (``torch.load(dst, weights_only=True)`` returns the tensor itself,
-    bit-exact, in its own dtype). ``fmt`` (``"npy"`` or ``"pt"``) defaults to ``dst``'s suffix.
+    with a note; a packed ``float4_e2m1fn_x2`` is decoded, its last dimension doubled) or ``.pt``
+    (``torch.load(dst, weights_only=True)`` returns the tensor itself, bit-exact, in its own dtype).
+    ``fmt`` (``"npy"`` or ``"pt"``) defaults to ``dst``'s suffix.
 
     Raises :class:`DestinationExistsError` when ``dst`` exists and ``overwrite`` is false,
     :class:`CancelledError` when ``cancel`` is set (nothing is left behind), ``ValueError`` for an
@@ -119,9 +122,12 @@ def export_tensor(
     check_paths(ckpt.path, dst_p, src_format=ckpt.format)
     if dst_p.is_dir() and overwrite:
         raise DCPStudioError(f"refusing to replace {dst_p}: it is a directory; choose a file name")
-    shape = entry.shape or ()
+    shape = tuple(entry.shape or ())
     out, descr, note = _npy_dtype(entry) if kind == "npy" else (entry.dtype, "", None)
     numel = entry.numel
+    if out is not entry.dtype and entry.dtype.pack > 1:  # float4 decoded: its values, two per byte
+        numel *= entry.dtype.pack
+        shape = (*shape[:-1], shape[-1] * entry.dtype.pack) if shape else (entry.dtype.pack,)
     reporter = Reporter(progress, cancel, total_bytes=entry.nbytes, total_items=1)
     pieces = _pieces(ckpt, entry, out, budget, reporter)
     try:

@@ -1,5 +1,6 @@
-"""2-D slices of N-D tensors: which part of a tensor a table shows, reading windows of it, and a
-bounded-memory summary of a whole slice (a heatmap of bin means, a histogram, min and max).
+"""2-D slices of N-D tensors: which part of a tensor a table shows, reading windows of it, the
+values every pane shows for a window (:func:`display_cells`), and a bounded-memory summary of a
+whole slice (a heatmap of bin means, a histogram, min and max).
 
 A :class:`SliceSpec` picks one dimension to run down the rows, optionally one to run across the
 columns, and a fixed index for every other dimension: ``[:, 3, :]`` of a ``[64, 8, 128]`` tensor
@@ -12,17 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._blocks import BLOCK_BUDGET
 from ._histogram import HIST_BINS, add_counts, binnable, hist_edges, hist_range
+from ._tensor_io import numeric
+from .dtypes import DType
 from .inspect import Checkpoint
 from .progress import CancelToken, ProgressCallback, Reporter
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SliceSpec", "SliceSummary", "read_window", "summarise_slice"]
+__all__ = ["SliceSpec", "SliceSummary", "cell_note", "display_cells", "read_window", "summarise_slice"]
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,44 @@ def read_window(ckpt: Checkpoint, fqn: str, spec: SliceSpec, r0: int, r1: int, c
     return t.reshape(rows, cols)
 
 
+def display_cells(t: torch.Tensor) -> Any:
+    """``t``'s values as nested Python lists, one cell per torch element (``t.tolist()``'s shape),
+    exact: half and 8-bit floats as float32, ``complex32`` as ``complex64``, and each element of a
+    packed dtype (``float4_e2m1fn_x2``: a byte of two 4-bit floats, on which torch has no cast) as
+    the tuple of its values, low nibble first (:func:`~._tensor_io.numeric`). Every pane that shows
+    values calls this, so a cell means the same element everywhere."""
+    import torch
+
+    if str(t.dtype) == "torch.float4_e2m1fn_x2":
+        values = numeric(t).reshape(*t.shape, 2).tolist()
+        return _pairs(values, t.dim())
+    if t.dtype.is_floating_point and t.dtype.itemsize < 4:
+        t = t.float()
+    elif t.dtype == torch.complex32:
+        t = t.to(torch.complex64)
+    return t.tolist()
+
+
+def _pairs(values: Any, depth: int) -> Any:
+    if depth == 0:
+        return tuple(values)
+    return [_pairs(v, depth - 1) for v in values]
+
+
+def cell_note(dtype: DType | None) -> str:
+    """What one cell of a packed dtype shows (for a caption or tooltip); empty for the others."""
+    if dtype is None or dtype.pack == 1:
+        return ""
+    return f"each {dtype.name} element is a byte of {dtype.pack} 4-bit floats, shown low nibble | high nibble"
+
+
 @dataclass
 class SliceSummary:
     """A whole slice, summarised: ``heat[i][j]`` is the mean of the finite values in row bin ``i``
     and column bin ``j`` (NaN when it has none); bins split rows at ``row_edges`` and columns at
-    ``col_edges``. The histogram counts finite values between ``hist_edges``."""
+    ``col_edges``. The histogram counts finite values between ``hist_edges``. Values are those
+    :func:`~._histogram.binnable` gives: both values of a packed element (``float4_e2m1fn_x2``)
+    count, in the cell's heat bin and in ``count``, as Details' statistics count them."""
 
     spec: SliceSpec
     heat: list[list[float]]
@@ -152,25 +188,26 @@ def summarise_slice(
     lo, hi = math.inf, -math.inf
 
     def strips() -> Iterator[tuple[int, torch.Tensor]]:
-        """Each strip's values as :func:`binnable` gives them (in the tensor's own float type)."""
+        """Each strip's values as :func:`binnable` gives them (in the tensor's own float type),
+        shaped ``[rows, cols, values per element]``: 1, or 2 for a packed float4 element."""
         for r0 in range(0, n_rows, strip):
             reporter.check()
             r1 = min(n_rows, r0 + strip)
             x = read_window(ckpt, fqn, spec, r0, r1, 0, n_cols)
             reporter.advance(x.numel() * x.element_size(), items=0, current=fqn)
-            yield r0, binnable(x).reshape(x.shape)
+            yield r0, binnable(x).reshape(*x.shape, -1)
 
     for r0, raw in strips():
         x = raw.to(torch.float64)
         finite = torch.isfinite(x)
         out.count += x.numel()
         out.finite += int(finite.sum())
-        good = torch.where(finite, x, torch.zeros_like(x))
+        good = torch.where(finite, x, torch.zeros_like(x)).sum(-1)
         if bool(finite.any()):
             lo, hi = min(lo, float(x[finite].min())), max(hi, float(x[finite].max()))
         bins = row_bin[r0 : r0 + x.shape[0]]
         s = torch.zeros(x.shape[0], sums.shape[1], dtype=torch.float64).index_add_(1, col_bin, good)
-        c = torch.zeros_like(s).index_add_(1, col_bin, finite.to(torch.float64))
+        c = torch.zeros_like(s).index_add_(1, col_bin, finite.sum(-1).to(torch.float64))
         sums.index_add_(0, bins, s)
         counts.index_add_(0, bins, c)
     heat = torch.where(counts > 0, sums / counts.clamp_min(1), torch.full_like(sums, math.nan))

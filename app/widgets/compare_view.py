@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import Checkpoint, open_checkpoint
 from dcpstudio.core.model import printable, short_repr
-from dcpstudio.core.slices import SliceSpec, read_window
+from dcpstudio.core.slices import SliceSpec, cell_note, display_cells, read_window
 
 from ..compare_model import HIDDEN_AT_FIRST, ROW_ROLE, CompareModel, CompareProxy
 from ..context import Context
@@ -53,12 +53,11 @@ def side_values(ckpt: Checkpoint | None, fqn: str) -> tuple[list[list[str]], str
         return [[short_repr(ckpt.read_value(fqn), 300)]], "value"
     spec = SliceSpec.default(tuple(entry.shape or ()))
     t = read_window(ckpt, fqn, spec, 0, _SIDE[0], 0, _SIDE[1])
-    if t.dtype.is_floating_point and t.dtype.itemsize < 4:
-        t = t.float()
     rows = min(spec.n_rows, _SIDE[0])
     cols = min(spec.n_cols, _SIDE[1])
     caption = f"{spec.label()} rows 0–{rows - 1}, columns 0–{cols - 1}" if entry.shape else "scalar"
-    return [[format_value(v) for v in row] for row in t.tolist()], caption
+    note = cell_note(entry.dtype)
+    return [[format_value(v) for v in row] for row in display_cells(t)], caption + (f"; {note}" if note else "")
 
 
 def side_cell(ndim: int, first: tuple[int, ...] | None) -> tuple[int, int] | None:

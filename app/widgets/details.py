@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from dcpstudio.core import Checkpoint, Chunk, Node, TensorStats, tensor_stats
 from dcpstudio.core.model import Entry, Totals, dtype_name, printable, short_repr
 from dcpstudio.core.report import exact_count, human_bytes, human_count
+from dcpstudio.core.slices import cell_note, display_cells
 
 from ..context import Context
 from ..kinds import kind_text
@@ -66,12 +67,11 @@ def preview_values(ckpt: Checkpoint, fqn: str) -> Preview:
     shape = tuple(entry.shape or ())
     region = [slice(0, min(_PREVIEW, s) if i < 2 else min(1, s)) for i, s in enumerate(shape)]
     t = ckpt.read_tensor(fqn, region)
-    if t.dtype.is_floating_point and t.dtype.itemsize < 4:  # bf16, fp16 and fp8 print as float32
-        t = t.float()
     if t.dim() > 2:
         t = t.reshape(t.shape[0], t.shape[1])
     caption = "the value" if not shape else f"values{slice_label(shape, region)} of shape {list(shape)}"
-    return t.tolist(), caption
+    note = cell_note(entry.dtype)
+    return display_cells(t), caption + (f" ({note})" if note else "")
 
 
 def _table(headers: list[str]) -> QTableWidget:
@@ -358,8 +358,9 @@ class DetailsPanel(QStackedWidget):
         else:
             self.preview.setColumnCount(1)
             self.preview.setHorizontalHeaderLabels(["value"])
-            _fill(self.preview, [[short_repr(values, 500)]])
-            self.prop_labels["Value"].setText(short_repr(values, 400))
+            packed = isinstance(values, tuple) and self._entry is not None and self._entry.kind == "tensor"
+            _fill(self.preview, [[_fmt(values) if packed else short_repr(values, 500)]])
+            self.prop_labels["Value"].setText(_fmt(values) if packed else short_repr(values, 400))
             if self._entry is not None:  # a 0-d tensor's preview is a number: it stays "tensor"
                 self.prop_labels["Kind"].setText(kind_text(self._entry, values))
             self.props.setRowVisible(self.prop_labels["Value"], True)
@@ -390,6 +391,8 @@ def elements_text(n: int) -> str:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, tuple):  # a packed element's values (display_cells), as the Values tab shows them
+        return " | ".join(_fmt(x) for x in v)
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.6g}"
     return str(v)

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from dcpstudio.core import Checkpoint
 from dcpstudio.core.model import dtype_name, printable
 from dcpstudio.core.report import exact_count, human_bytes
-from dcpstudio.core.slices import SliceSpec, SliceSummary, summarise_slice
+from dcpstudio.core.slices import SliceSpec, SliceSummary, cell_note, summarise_slice
 
 from ..context import Context
 from ..locations import is_remote
@@ -207,7 +207,7 @@ class ValueExplorer(QWidget):
             lambda fn, on_item, on_done: self.ctx.start(self._kind("tiles"), fn, lambda _: None, on_done, on_item),
         )
         old = self.model
-        self.model = ValueTableModel(spec, self.loader, self)
+        self.model = ValueTableModel(spec, self.loader, self, cell_note(ckpt.tensor_entry(fqn).dtype))
         self.model.failed = self._failed
         self.table.setModel(self.model)
         if old is not None:

@@ -24,11 +24,13 @@ from dcpstudio.core import (
     export_tensor,
     open_checkpoint,
 )
+from dcpstudio.core._tensor_io import numeric
 from dcpstudio.core.dtypes import DTYPES
 from tests._chunked import ChunkedPlanner, split
 from tests.conftest import dcp_save, leftovers
 
 WIDENED = {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
+ALSO_WIDENED = {"complex32", "float4_e2m1fn_x2"}  # to complex64 / float32, with a note
 
 
 def every_dtype() -> dict[str, torch.Tensor]:
@@ -45,6 +47,8 @@ def every_dtype() -> dict[str, torch.Tensor]:
             t = torch.randint(0, 100, (3, 4, 5), generator=g).to(dtype)
         elif name == "complex32":
             t = torch.randn(3, 4, 5, dtype=torch.complex64, generator=g).to(dtype)
+        elif d.pack > 1:  # float4_e2m1fn_x2: torch has no cast to it; every byte is two values
+            t = torch.randint(0, 256, (3, 4, 5), generator=g, dtype=torch.uint8).view(dtype)
         else:
             t = (torch.randn(3, 4, 5, generator=g) * 4).to(dtype)
         out[name] = t
@@ -83,9 +87,13 @@ def test_every_dtype_round_trips_exactly(kind: str, tmp_path: Path) -> None:
             assert torch.equal(bits(back), bits(t)), name
             assert (pt.fmt, pt.dtype, pt.nbytes, pt.notes) == ("pt", name, t.numel() * t.element_size(), ())
 
-            with pytest.warns(UserWarning, match="NumPy has no") if name in WIDENED | {"complex32"} else _nothing():
+            with pytest.warns(UserWarning, match="NumPy has no") if name in WIDENED | ALSO_WIDENED else _nothing():
                 npy = export_tensor(ckpt, name, tmp_path / f"{name}.npy", budget=64)
             array = np.load(npy.dst)
+            if name == "float4_e2m1fn_x2":  # decoded: two values a byte along the last dimension
+                assert array.shape == (3, 4, 10) and npy.dtype == "float32" and len(npy.notes) == 1
+                assert torch.equal(torch.from_numpy(array), numeric(t))
+                continue
             assert array.shape == tuple(t.shape)
             if name in WIDENED:  # widened, exactly
                 assert npy.dtype == "float32" and array.dtype == np.float32 and len(npy.notes) == 1
