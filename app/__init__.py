@@ -1,1 +1,3 @@
-"""DCP Studio's PySide6 window. All Qt code lives in this package; it calls ``dcpstudio.core``."""
+"""DCP Studio: convert, inspect and load PyTorch checkpoints (DCP, torch.save, safetensors)."""
+
+__version__ = "0.1.0"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .convert import ConversionResult, convert, dcp_to_torch_save, torch_save_to_dcp
-from .diff import DiffReport, EntryComparison, compare, diff
+from .checkpoints.model import Chunk, Entry, Node
+from .checkpoints.opening import Checkpoint, open_checkpoint, stop_index_children
 from .errors import (
     CancelledError,
     CorruptCheckpointError,
@@ -23,12 +23,12 @@ from .errors import (
     UnsafePickleError,
     UnsupportedFormatError,
 )
-from .extract import ExportResult, export_tensor
 from .formats.detect import detect_format
-from .inspect import Checkpoint, open_checkpoint, stop_index_children
-from .model import Chunk, Entry, Node
+from .ops.compare.diff import DiffReport, EntryComparison, compare, diff
+from .ops.convert.convert import ConversionResult, convert, dcp_to_torch_save, torch_save_to_dcp
+from .ops.explore.extract import ExportResult, export_tensor
+from .ops.explore.stats import TensorStats, tensor_stats
 from .progress import CancelToken, Progress
-from .stats import TensorStats, tensor_stats
 
 __all__ = [
     "CancelToken",
@@ -70,16 +70,16 @@ __all__ = [
 ]
 
 _LAZY = {
-    "DCPReader": "formats.dcp_storage",
-    "DCPWriter": "formats.dcp_storage",
-    "read_metadata": "formats.dcp_storage",
-    "LazySavePlanner": "planners",
-    "SafeLoadPlanner": "planners",
+    "DCPReader": "formats.dcp.storage",
+    "DCPWriter": "formats.dcp.storage",
+    "read_metadata": "formats.dcp.storage",
+    "LazySavePlanner": "formats.dcp.planners",
+    "SafeLoadPlanner": "formats.dcp.planners",
 }
 
 if TYPE_CHECKING:
-    from .formats.dcp_storage import DCPReader, DCPWriter, read_metadata
-    from .planners import LazySavePlanner, SafeLoadPlanner
+    from .formats.dcp.planners import LazySavePlanner, SafeLoadPlanner
+    from .formats.dcp.storage import DCPReader, DCPWriter, read_metadata
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,6 @@ import sys
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()
-    from dcpstudio.cli import main
+    from dcpstudio.cli.main import main
 
     sys.exit(main())

@@ -16,7 +16,7 @@ def main(out: str) -> int:
     sys.path.insert(0, str(ROOT))
     from PySide6.QtWidgets import QApplication
 
-    from dcpstudio.app.main_window import MainWindow
+    from dcpstudio.window.main_window import MainWindow
     from tests import _ranks
 
     app = QApplication([])

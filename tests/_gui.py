@@ -57,7 +57,7 @@ def qt_settings(tmp_path: Path, qapp: Any) -> Iterator[Path]:
 @pytest.fixture
 def window(qtbot: Any, qt_settings: Path) -> Iterator[Any]:
     """A shown main window, closed after the test."""
-    from dcpstudio.app.main_window import MainWindow
+    from dcpstudio.window.main_window import MainWindow
 
     w = MainWindow()
     qtbot.addWidget(w)

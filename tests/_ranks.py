@@ -37,13 +37,13 @@ def expected_state_dict() -> dict[str, Any]:
 
 
 def free_port() -> int:
-    from dcpstudio.core.launch import free_port as pick
+    from dcpstudio.core.ranks.launch import free_port as pick
 
     return pick()
 
 
 def _save_worker(rank: int, world: int, report: Any, out: str) -> None:
-    """Runs under dcpstudio.core.launch.launch (process group already initialised)."""
+    """Runs under dcpstudio.core.ranks.launch.launch (process group already initialised)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -58,7 +58,7 @@ def _save_worker(rank: int, world: int, report: Any, out: str) -> None:
 
 def save_multirank(out: Path, world: int = 3, timeout: float = 120.0) -> None:
     """Write a DCP checkpoint from ``world`` gloo ranks; fails (never hangs) within ``timeout``."""
-    from dcpstudio.core.launch import launch
+    from dcpstudio.core.ranks.launch import launch
 
     launch(_save_worker, (str(out),), nprocs=world, timeout=timeout)
 
@@ -68,7 +68,7 @@ def _save_model_worker(rank: int, world: int, report: Any, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     mesh = init_device_mesh("cpu", (world,))
     sd = llama_like_state_dict(16 << 20)
@@ -79,7 +79,7 @@ def _save_model_worker(rank: int, world: int, report: Any, out: str) -> None:
 
 def save_sharded_model(out: Path, world: int = 3, timeout: float = 120.0) -> None:
     """A llama-like model saved by ``world`` ranks, matrices sharded by rows (for screenshots)."""
-    from dcpstudio.core.launch import launch
+    from dcpstudio.core.ranks.launch import launch
 
     launch(_save_model_worker, (str(out),), nprocs=world, timeout=timeout)
 
@@ -105,7 +105,7 @@ def loadable_state_dict() -> dict[str, Any]:
 
 def load_all_layouts(rank: int, world: int, report: Any, path: str, meshes: list[tuple[int, ...]]) -> list[Any]:
     """Every layout on every mesh shape, in one process group (one spawn per world size)."""
-    from dcpstudio.core.load import LAYOUTS, load_rank
+    from dcpstudio.core.ranks.load import LAYOUTS, load_rank
 
     out = []
     for mesh in meshes:
@@ -166,9 +166,9 @@ def load_mixed(rank: int, world: int, report: Any, path: str, local_reads: bool)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from dcpstudio.core.distributed import CheckpointReader
-    from dcpstudio.core.load import build_target
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.ranks.distributed import CheckpointReader
+    from dcpstudio.core.ranks.load import build_target
 
     source = torch.load(path, weights_only=True)
     mesh = init_device_mesh("cpu", (world,))
@@ -201,10 +201,10 @@ def coordinator_fails_midway(rank: int, world: int, report: Any, path: str, at: 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from dcpstudio.core.distributed import CheckpointReader
     from dcpstudio.core.errors import CorruptCheckpointError
-    from dcpstudio.core.formats.dcp_storage import unwrap_error
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import unwrap_error
+    from dcpstudio.core.ranks.distributed import CheckpointReader
 
     source = torch.load(path, weights_only=True)
     target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}
@@ -233,9 +233,9 @@ def receiver_fails_midway(rank: int, world: int, report: Any, path: str, who: in
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from dcpstudio.core.distributed import CheckpointReader
-    from dcpstudio.core.formats.dcp_storage import unwrap_error
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import unwrap_error
+    from dcpstudio.core.ranks.distributed import CheckpointReader
 
     committed: list[str] = []
 
@@ -264,9 +264,9 @@ def file_replaced_after_metadata(rank: int, world: int, report: Any, path: str, 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from dcpstudio.core.distributed import CheckpointReader
-    from dcpstudio.core.formats.dcp_storage import unwrap_error
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import unwrap_error
+    from dcpstudio.core.ranks.distributed import CheckpointReader
 
     source = torch.load(path, weights_only=True)
     target = {f: torch.empty_like(v) if torch.is_tensor(v) else None for f, v in source.items()}

@@ -59,7 +59,7 @@ def _mesh2d(full: dict[str, torch.Tensor], mesh: Any) -> dict[str, Any]:
 
 
 def _save_sets(rank: int, world: int, report: Any, root: str) -> None:
-    """Runs under dcpstudio.core.launch.launch (process group already initialised)."""
+    """Runs under dcpstudio.core.ranks.launch.launch (process group already initialised)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -100,6 +100,6 @@ def fsdp2_full() -> dict[str, torch.Tensor]:
 
 def save_shard_sets(root: Path, timeout: float = 120.0) -> None:
     """``root/mesh1d``, ``root/mesh2d`` and ``root/fsdp2``: ``model_{rank}.pt`` from :data:`WORLD` ranks."""
-    from dcpstudio.core.launch import launch
+    from dcpstudio.core.ranks.launch import launch
 
     launch(_save_sets, (str(root),), nprocs=WORLD, timeout=timeout)

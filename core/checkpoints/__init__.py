@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .base import ROOT_KEY, Checkpoint, Region
-from .dcp import DCPCheckpoint
-from .dcp_nested import NestedDCPCheckpoint
+from .dcp.checkpoint import DCPCheckpoint
+from .dcp.nested import NestedDCPCheckpoint
 from .safetensors import SafetensorsCheckpoint
 from .torchsave import TorchCheckpoint, torch_index
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from .._subclass import SubclassRef
-from .._tensor_io import materialize
 from ..errors import CorruptCheckpointError, DCPStudioError, UnsupportedFormatError
-from ..formats.torchsave import TorchSaveFile
+from ..formats.torchsave.archive import TorchSaveFile
+from ..pickles.subclass import SubclassRef
+from ..pickles.tensor_io import materialize
 
 __all__ = ["Item", "dcp_subclass", "expand_subclass"]
 

@@ -16,14 +16,14 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .._files import file_size, open_member, open_regular
-from .._io import FileRange, read_exact
-from .._refs import StorageRef, TensorRef
-from .._remote import RemotePath
-from .._tensor_io import materialize, to_bytes
-from .._tree import map_tensors
 from ..formats.detect import Format
-from ..model import Chunk, Entry, Node, Totals, build_tree, dtype_name
+from ..io.files import file_size, open_member, open_regular
+from ..io.raw import FileRange, read_exact
+from ..io.remote.locations import RemotePath
+from ..pickles.refs import StorageRef, TensorRef
+from ..pickles.tensor_io import materialize, to_bytes
+from ..pickles.tree import map_tensors
+from .model import Chunk, Entry, Node, Totals, build_tree, dtype_name
 
 __all__ = ["ROOT_KEY", "Checkpoint", "Region"]
 

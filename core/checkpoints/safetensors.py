@@ -9,17 +9,17 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .._buffers import new_tensor
-from .._io import FileRange, read_box, read_exact, source_of
-from .._refs import StorageRef
-from .._tensor_io import to_bytes
 from ..errors import CorruptCheckpointError
-from ..formats.dcp import check_tiling
+from ..formats.dcp.files import check_tiling
 from ..formats.detect import Format
 from ..formats.safetensors import SHARDING_KEY, SafetensorsTensor, read_safetensors_index
 from ..formats.values import ENCODING_KEY, VALUES_KEY, decode_values
-from ..model import Chunk, Entry, relative
+from ..io.buffers import new_tensor
+from ..io.raw import FileRange, read_box, read_exact, source_of
+from ..pickles.refs import StorageRef
+from ..pickles.tensor_io import to_bytes
 from .base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
+from .model import Chunk, Entry, relative
 
 __all__ = ["SafetensorsCheckpoint"]
 

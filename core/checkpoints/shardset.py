@@ -2,7 +2,7 @@
 ``torch.save`` of its state dict of DTensors (FSDP2, tensor parallel) -- read as one checkpoint.
 
 Each rank file is a :class:`~.torchsave.TorchCheckpoint`, whose DTensors are their local shards,
-placed by their mesh and placements (:mod:`dcpstudio.core._dtensor`). Here the shards of one
+placed by their mesh and placements (:mod:`dcpstudio.core.pickles.dtensor`). Here the shards of one
 name become the chunks of one full tensor, as DCP's are: replicas stored once, the rest checked
 to tile the global shape exactly. Plain values and plain tensors are taken once, from the lowest
 rank that holds them -- what ``dcp.save`` of the same state dicts stores. A set that is not whole
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .._buffers import new_tensor
-from .._refs import StorageRef, TensorRef
 from ..errors import CorruptCheckpointError
-from ..formats.dcp import check_tiling
+from ..formats.dcp.files import check_tiling
 from ..formats.detect import Format
-from ..model import Chunk, Entry, dtype_name, relative
+from ..io.buffers import new_tensor
+from ..pickles.refs import StorageRef, TensorRef
 from .base import Checkpoint, Region, _box, _overlaps, _place
+from .model import Chunk, Entry, dtype_name, relative
 from .torchsave import TorchCheckpoint
 
 __all__ = ["ShardSetCheckpoint", "shard_set_files"]

@@ -13,23 +13,23 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .._blocks import WINDOW_BUDGET, box_slices, strided_pieces
-from .._buffers import new_tensor
-from .._dtensor import DTensorRef
-from .._files import member_path, read_regular
-from .._io import read_box, read_exact, tensor_buffer
-from .._refs import TensorRef
-from .._stand_ins import UnreadableRef
-from .._subclass import SubclassRef
-from .._tensor_io import materialize
-from .._tree import flatten_state_dict
 from ..dtypes import DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ..formats.detect import TORCH_INDEX_SUFFIXES, Format
-from ..formats.torchsave import TorchSaveFile
-from ..model import Chunk, Entry, refuse_expanded, relative
+from ..formats.torchsave.archive import TorchSaveFile
+from ..io.blocks import WINDOW_BUDGET, box_slices, strided_pieces
+from ..io.buffers import new_tensor
+from ..io.files import member_path, read_regular
+from ..io.raw import read_box, read_exact, tensor_buffer
+from ..pickles.dtensor import DTensorRef
+from ..pickles.refs import TensorRef
+from ..pickles.stand_ins import UnreadableRef
+from ..pickles.subclass import SubclassRef
+from ..pickles.tensor_io import materialize
+from ..pickles.tree import flatten_state_dict
 from ._subclasses import Item, expand_subclass
 from .base import ROOT_KEY, Checkpoint, Region, _box
+from .model import Chunk, Entry, refuse_expanded, relative
 
 __all__ = ["TorchCheckpoint", "torch_index"]
 

@@ -7,9 +7,9 @@ import re
 import struct
 from typing import Any, Literal
 
-from .._files import file_size, open_regular
-from .._remote import RemotePath, as_location
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from ..io.files import file_size, open_regular
+from ..io.remote.locations import RemotePath, as_location
 
 __all__ = ["Format", "detect_format"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._files import file_size, member_path, open_regular, read_regular, sync_file
-from .._io import FileRange, copy_range, read_exact
-from .._remote import as_location
 from ..dtypes import BY_SAFETENSORS, NO_TORCH_DTYPE, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from ..io.files import file_size, member_path, open_regular, read_regular, sync_file
+from ..io.raw import FileRange, copy_range, read_exact
+from ..io.remote.locations import as_location
 
 __all__ = [
     "SHARDING_KEY",

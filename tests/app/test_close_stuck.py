@@ -17,7 +17,7 @@ import sys, threading
 from concurrent.futures import ThreadPoolExecutor
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
-from dcpstudio.app.main import run
+from dcpstudio.window.main import run
 
 app = QApplication(sys.argv[:1])
 pool = ThreadPoolExecutor(1)

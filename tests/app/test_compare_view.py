@@ -12,9 +12,9 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from dcpstudio.app.compare_model import ROW_ROLE
-from dcpstudio.app.main_window import MainWindow
 from dcpstudio.core import convert
+from dcpstudio.window.compare_model import ROW_ROLE
+from dcpstudio.window.main_window import MainWindow
 from tests.app.test_window import finish, open_by_drop
 
 
@@ -80,7 +80,7 @@ def test_compare_is_cancellable(
     started = threading.Event()
     import importlib
 
-    diff_module = importlib.import_module("dcpstudio.core.diff")  # the package's `diff` is the function
+    diff_module = importlib.import_module("dcpstudio.core.ops.compare.diff")  # the package's `diff` is the function
 
     real = diff_module.compare
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.app.main_window import MainWindow
+from dcpstudio.window.main_window import MainWindow
 
 
 @pytest.mark.parametrize("answer", [False, True])
 def test_convert_asks_before_writing_a_fanned_out_storage(
     qtbot: Any, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bool
 ) -> None:
-    monkeypatch.setattr("dcpstudio.core._fanout.OUTPUT_FLOOR", 1 << 20)
+    monkeypatch.setattr("dcpstudio.core.ops.convert.fanout.OUTPUT_FLOOR", 1 << 20)
     storage = torch.arange(64 << 10, dtype=torch.float32)
     torch.save({f"w{i}": storage[i:] for i in range(64)}, tmp_path / "fan.pt")
     dst = tmp_path / "out.safetensors"

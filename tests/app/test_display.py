@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.app import display
+from dcpstudio.window import display
 
 
 @pytest.mark.parametrize(

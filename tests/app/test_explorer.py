@@ -12,10 +12,10 @@ import torch
 from PySide6.QtCore import QItemSelection, QItemSelectionModel
 from PySide6.QtGui import QGuiApplication
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.value_model import format_value
 from dcpstudio.core import torch_save_to_dcp
 from dcpstudio.core.checkpoints.base import Checkpoint
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.value_model import format_value
 from tests.app.test_window import finish, open_by_drop
 
 
@@ -108,7 +108,7 @@ def test_copy_selection_as_csv_and_export(
     rows = [line.split(",") for line in QGuiApplication.clipboard().text().splitlines()]
     assert np.array(rows, dtype=np.float64).tolist() == x[2:5, 3:6].tolist()  # full precision
     ex.table.selectAll()
-    monkeypatch.setattr("dcpstudio.app.widgets.value_explorer.COPY_LIMIT", 100)
+    monkeypatch.setattr("dcpstudio.window.widgets.value_explorer.COPY_LIMIT", 100)
     assert ex.copy_selection() is None and "at most 100" in window.message_bar.text()
     dst = tmp_path / "x_out.npy"
     window.save_path = lambda title, suggestion, filters: dst  # type: ignore[method-assign]

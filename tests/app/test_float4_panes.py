@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.app.compare_model import ROW_ROLE
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.value_model import selection_csv
 from dcpstudio.core import CancelToken, torch_save_to_dcp
-from dcpstudio.core.slices import SliceSpec
+from dcpstudio.core.ops.explore.slices import SliceSpec
+from dcpstudio.window.compare_model import ROW_ROLE
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.value_model import selection_csv
 from tests.app.test_window import finish, open_by_drop
 
 _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.widgets import value_explorer
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.widgets import value_explorer
 from tests.app.test_window import open_by_drop
 
 

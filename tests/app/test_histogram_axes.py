@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from PySide6.QtCore import QRectF
 
-from dcpstudio.app.axes import tick_text, value_ticks
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.widgets.drawing import Histogram
+from dcpstudio.window.axes import tick_text, value_ticks
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.widgets.drawing import Histogram
 from tests.app.test_window import open_by_drop
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.core.checkpoints import dcp as dcp_module
-from dcpstudio.core.checkpoints import dcp_metadata
+from dcpstudio.core.checkpoints.dcp import checkpoint as dcp_module
+from dcpstudio.core.checkpoints.dcp import metadata as dcp_metadata
+from dcpstudio.window.main_window import MainWindow
 from tests.app.test_window import drop
 from tests.core.test_fast_metadata import _frames, framed
 from tests.perf import big_metadata

@@ -15,8 +15,8 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QDialogButtonBox, QFileDialog, QLineEdit, QListView
 from shiboken6 import isValid
 
-from dcpstudio.app.main_window import MainWindow
 from dcpstudio.core import torch_save_to_dcp
+from dcpstudio.window.main_window import MainWindow
 from tests.app.test_window import finish, open_by_drop
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.tree_model import PARAMS
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import PARAMS
 from tests.app.test_window import open_by_drop
 
 

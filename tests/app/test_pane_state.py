@@ -13,12 +13,12 @@ import torch
 from PySide6.QtCore import Qt
 from safetensors.torch import save_file
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.tree_model import TYPE
-from dcpstudio.app.widgets import load_panel
 from dcpstudio.core import torch_save_to_dcp
-from dcpstudio.core.launch import LaunchError, RankProgress
-from dcpstudio.core.load import RankReport
+from dcpstudio.core.ranks.launch import LaunchError, RankProgress
+from dcpstudio.core.ranks.load import RankReport
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import TYPE
+from dcpstudio.window.widgets import load_panel
 
 BACKGROUND = Qt.ItemDataRole.BackgroundRole
 
@@ -135,7 +135,7 @@ def test_messages_are_kept_whole_in_the_log(qtbot: Any, window: MainWindow) -> N
     window.notifier.info("first")
     window.notifier.info(long)
     window.menu_actions["messages"].trigger()
-    from dcpstudio.app.widgets.message_log import MessageLog
+    from dcpstudio.window.widgets.message_log import MessageLog
 
     log = window.findChild(MessageLog)
     assert log is not None and log.isVisible()
@@ -168,7 +168,7 @@ def test_compare_panes_number_from_zero_and_mark_the_first_difference(
 
 
 def test_histogram_count_axis_is_round_and_fits() -> None:
-    from dcpstudio.app.widgets.drawing import Histogram, count_ticks
+    from dcpstudio.window.widgets.drawing import Histogram, count_ticks
 
     assert count_ticks(1) == [0, 1] and count_ticks(2) == [0, 1, 2]
     assert count_ticks(1_374_862) == [0, 500_000, 1_000_000]
@@ -196,8 +196,8 @@ def test_kinds_read_the_same_in_every_format(qtbot: Any, window: MainWindow, tmp
 
 def test_a_value_preview_is_captioned_in_the_kind_vocabulary(tmp_path: Path) -> None:
     """'Showing the value (int)' -- as Details' Kind says it -- not 'Showing a int' (issue 25, item 14)."""
-    from dcpstudio.app.widgets.details import preview_values
     from dcpstudio.core import open_checkpoint
+    from dcpstudio.window.widgets.details import preview_values
 
     torch.save({"step": 7, "w": torch.zeros(2)}, tmp_path / "m.pt")
     with open_checkpoint(tmp_path / "m.pt") as ckpt:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.tree_model import CheckpointTreeModel
-from dcpstudio.app.widgets.file_browser import CheckpointFileModel
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import CheckpointTreeModel
+from dcpstudio.window.widgets.file_browser import CheckpointFileModel
 
 CALLS = 20_000
 

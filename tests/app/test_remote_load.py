@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from dcpstudio.app.main_window import MainWindow
+from dcpstudio.window.main_window import MainWindow
 
 
 def _free_port() -> int:

@@ -18,10 +18,10 @@ from PySide6.QtCore import QMimeData, QModelIndex, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QApplication
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.menus import entry_menu
-from dcpstudio.app.widgets.open_url import OpenUrlDialog
 from dcpstudio.core import convert
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.menus import entry_menu
+from dcpstudio.window.widgets.open_url import OpenUrlDialog
 from tests._gui import Heartbeat
 
 Put = Callable[..., str]

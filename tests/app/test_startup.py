@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.core.demo import demo_dir, write_demo, written_demo
+from dcpstudio.core.ops.demo import demo_dir, write_demo, written_demo
 
 CHILD = r"""
 import json, os, sys, time
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
-from dcpstudio.app import main_window
-from dcpstudio.app.main import create_window
-from dcpstudio.app.widgets.tree_pane import TreePane
+from dcpstudio.window import main_window
+from dcpstudio.window.main import create_window
+from dcpstudio.window.widgets.tree_pane import TreePane
 seen = {}
 slow = float(os.environ.get("SLOW_OPEN", "0"))  # a large or remote checkpoint: opening takes a while
 opener = main_window.open_checkpoint
@@ -119,9 +119,9 @@ def test_a_checkpoint_opened_while_torch_is_being_imported_is_read(
     'torch' has no attribute 'Tensor'" from the checks that ask whether a value is torch's."""
     import types
 
-    from dcpstudio.app.menus import about_html
     from dcpstudio.core import open_checkpoint
     from dcpstudio.core.dtypes import dtype_of
+    from dcpstudio.window.menus import about_html
 
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # as early in its import
     for path in written:

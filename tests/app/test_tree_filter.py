@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.app.tree_filter import Aggregate, EntryFilter, TreeIndex
+from dcpstudio.core.checkpoints.model import Entry, Node, build_tree
 from dcpstudio.core.dtypes import dtype_of
-from dcpstudio.core.model import Entry, Node, build_tree
+from dcpstudio.window.tree_filter import Aggregate, EntryFilter, TreeIndex
 
 
 def _tree() -> Node:

@@ -12,9 +12,9 @@ from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent
 from PySide6.QtWidgets import QApplication, QPlainTextEdit
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.widgets.drop_button import DropButton
 from dcpstudio.core import ConversionResult
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.widgets.drop_button import DropButton
 from tests.app.test_window import finish
 
 

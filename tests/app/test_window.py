@@ -12,10 +12,10 @@ import torch
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.tree_model import CheckpointTreeModel
-from dcpstudio.app.widgets import convert_panel as cp
 from dcpstudio.core import open_checkpoint, torch_save_to_dcp
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import CheckpointTreeModel
+from dcpstudio.window.widgets import convert_panel as cp
 from tests._gui import Heartbeat
 from tests.conftest import assert_same, leftovers, rich_state_dict
 
@@ -144,7 +144,7 @@ def held_convert(monkeypatch: pytest.MonkeyPatch) -> dict[str, threading.Event]:
 
 
 def _big(tmp_path: Path) -> Path:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     src = tmp_path / "big.pt"
     torch.save(llama_like_state_dict(8 << 20), src)
@@ -201,7 +201,7 @@ def test_hostile_file_shows_an_explanation_and_offers_trust(qtbot: Any, window: 
 
 
 def test_gui_stays_responsive_during_a_conversion(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     src = tmp_path / "m.pt"
     torch.save(llama_like_state_dict(96 << 20), src)
@@ -237,7 +237,7 @@ def test_settings_remember_geometry_and_recent(qtbot: Any, rich_pt: Path) -> Non
 def test_file_browser_names_checkpoint_formats(qtbot: Any, rich_pt: Path, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from dcpstudio.app.widgets.file_browser import CheckpointFileModel
+    from dcpstudio.window.widgets.file_browser import CheckpointFileModel
 
     torch_save_to_dcp(rich_pt, tmp_path / "d")
     save_file({"w": torch.ones(1)}, tmp_path / "w.safetensors")
@@ -276,7 +276,7 @@ def test_errors_from_other_threads_reach_the_message_bar(qtbot: Any, window: Mai
 def test_demo_opens_the_window_on_generated_checkpoints(
     qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dcpstudio.app.main import create_window
+    from dcpstudio.window.main import create_window
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     w = create_window(demo=True)
@@ -315,7 +315,7 @@ def test_load_on_ranks_panel(qtbot: Any, window: MainWindow, rich_pt: Path) -> N
 
 
 def test_rapid_selection_changes_cancel_old_previews_safely(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     torch.save(llama_like_state_dict(64 << 20), tmp_path / "m.pt")
     open_by_drop(qtbot, window, tmp_path / "m.pt")

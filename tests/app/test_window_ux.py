@@ -18,16 +18,16 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QFont, QGuiApplication
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
-from dcpstudio.app.main_window import MainWindow
-from dcpstudio.app.tree_model import NAME, TYPE
-from dcpstudio.app.widgets import convert_panel as cp
 from dcpstudio.core import ConversionResult, open_checkpoint, torch_save_to_dcp
+from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import NAME, TYPE
+from dcpstudio.window.widgets import convert_panel as cp
 from tests.app.test_window import drop, finish, open_by_drop
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> tuple[Path, Path]:
-    from dcpstudio.core.demo import write_demo
+    from dcpstudio.core.ops.demo import write_demo
 
     return write_demo(tmp_path / "demo")
 
@@ -41,7 +41,7 @@ def _wait_filter(qtbot: Any, window: MainWindow) -> None:
 def test_browser_roots_at_the_demo_folder_and_follows_opens(
     qtbot: Any, tmp_path: Path, rich_pt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dcpstudio.app.main import create_window
+    from dcpstudio.window.main import create_window
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / ".data"))  # a hidden folder on the way, as ~/.local
     w = create_window(demo=True)
@@ -257,7 +257,7 @@ def test_shortcuts_menus_and_about(qtbot: Any, window: MainWindow, demo: Any) ->
     assert (keys["to_dcp"], keys["to_torch"], keys["to_safetensors"]) == ("Ctrl+1", "Ctrl+2", "Ctrl+3")
     assert keys["cancel"] == "Esc" and keys["compare"] == "Ctrl+D" and keys["explore"] == "Ctrl+E"
     assert keys["verify"] == "Ctrl+Shift+V"
-    from dcpstudio.app.menus import about_html, readme_text
+    from dcpstudio.window.menus import about_html, readme_text
 
     about = about_html()
     assert "0.1.0" in about and torch.__version__.split("+")[0] in about and "Settings" in about
@@ -292,7 +292,7 @@ def test_context_menu_offers_entry_actions(
 ) -> None:
     from PySide6.QtGui import QDesktopServices
 
-    from dcpstudio.app.menus import entry_menu
+    from dcpstudio.window.menus import entry_menu
 
     open_by_drop(qtbot, window, demo[1])
     name = "model.norm.weight"
@@ -373,7 +373,7 @@ def test_details_scroll_groups_slices_and_values(qtbot: Any, window: MainWindow,
 
 
 def test_histogram_has_axes_and_counts(qtbot: Any) -> None:
-    from dcpstudio.app.widgets.drawing import Histogram
+    from dcpstudio.window.widgets.drawing import Histogram
 
     h = Histogram()
     qtbot.addWidget(h)
@@ -467,7 +467,7 @@ def test_read_me_shows_no_broken_picture_and_no_sideways_scrolling(qtbot: Any, w
     dialog's width (issue 25, item 14)."""
     from PySide6.QtWidgets import QTextBrowser
 
-    from dcpstudio.app.menus import show_readme
+    from dcpstudio.window.menus import show_readme
 
     dialog = show_readme(window)
     qtbot.addWidget(dialog)

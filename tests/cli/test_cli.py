@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 from tests.conftest import assert_same, rich_state_dict
 
 
@@ -112,7 +112,7 @@ class _Tty:
 
 
 def test_progress_bar_on_a_terminal() -> None:
-    from dcpstudio.cli import TerminalProgress
+    from dcpstudio.cli.main import TerminalProgress
     from dcpstudio.core import Progress
 
     tty = _Tty()

@@ -1,5 +1,5 @@
 """``dcpstudio compare A B``: the compare view's rows on the terminal, from the same core function
-(:func:`dcpstudio.core.diff.compare`), as a table, JSON or CSV; exit 0 equal, 1 different, 2 error."""
+(:func:`dcpstudio.core.ops.compare.diff.compare`), as a table, JSON or CSV; exit 0 equal, 1 different, 2 error."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 from dcpstudio.core import open_checkpoint
-from dcpstudio.core.diff import compare
+from dcpstudio.core.ops.compare.diff import compare
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_tolerances_decide_equality(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_json_and_csv_are_the_core_rows(
     pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    diff = importlib.import_module("dcpstudio.core.diff")  # the package's diff() hides the module
+    diff = importlib.import_module("dcpstudio.core.ops.compare.diff")  # the package's diff() hides the module
     with open_checkpoint(pair[0]) as a, open_checkpoint(pair[1]) as b:
         expected = compare(a, b)
     calls: list[Any] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 from dcpstudio.core import detect_format
 
 
@@ -76,7 +76,7 @@ def test_torch_into_a_directory_and_named_commands_are_refused(
 
 
 def test_destination_kind_reads_the_last_component_only() -> None:
-    from dcpstudio.core.convert import destination_kind
+    from dcpstudio.core.ops.convert.convert import destination_kind
 
     assert destination_kind("s3://bucket/run.v2/model.PT") == "torch"
     assert destination_kind("s3://bucket/run.v2/out/") == "directory"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 
 
 def test_include_matching_nothing_refuses_with_real_names(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 from tests.conftest import leftovers, rich_state_dict
 
 

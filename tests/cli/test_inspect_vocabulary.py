@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 from tests.conftest import dcp_save
 
 
@@ -51,7 +51,7 @@ def test_dcp_values_not_shown_say_why(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_a_listing_reads_a_bounded_number_of_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dcpstudio.core.report as report
+    import dcpstudio.core.ops.report as report
 
     dcp_save({"w": torch.ones(2), "a": 1, "b": 2, "c": 3}, checkpoint_id=str(tmp_path / "d"))
     monkeypatch.setitem(report._SHOWN_VALUES_READS, "local", 2)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -30,7 +30,7 @@ def test_bad_flags_are_usage_errors_before_any_rank_starts(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import dcpstudio.core.load as load
+    import dcpstudio.core.ranks.load as load
 
     monkeypatch.setattr(load, "run_load", lambda *a, **k: pytest.fail("ranks started"))
     assert main(["load", str(rich_pt), *flags]) == 2
@@ -39,7 +39,7 @@ def test_bad_flags_are_usage_errors_before_any_rank_starts(
 
 
 def test_mesh_without_ranks_sets_the_rank_count(rich_pt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dcpstudio.core.load as load
+    import dcpstudio.core.ranks.load as load
 
     asked: dict[str, Any] = {}
     monkeypatch.setattr(load, "run_load", lambda path, **kw: asked.update(kw) or [])

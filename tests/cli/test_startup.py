@@ -43,7 +43,7 @@ def test_inspect_and_convert_do_not_import_torch(checkpoints: dict[str, Path], t
     torch.save({**sd, "step": 3, "betas": (0.9, 0.99), "opt": [{"lr": 0.1}]}, plain)
     out = _without_torch(
         f"""
-        from dcpstudio.cli import main
+        from dcpstudio.cli.main import main
         for path in {[str(p) for p in checkpoints.values()]!r}:
             assert main(["inspect", path, "--chunks"]) == 0
             assert main(["inspect", path, "--json"]) == 0
@@ -66,7 +66,7 @@ def test_the_window_opens_a_checkpoint_before_torch_is_loaded(checkpoints: dict[
         f"""
         from PySide6.QtWidgets import QApplication
         app = QApplication([])
-        from dcpstudio.app.main_window import MainWindow
+        from dcpstudio.window.main_window import MainWindow
         from pathlib import Path
         for path in {[str(p) for p in checkpoints.values()]!r}:
             w = MainWindow()

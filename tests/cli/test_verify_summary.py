@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 
 
 @pytest.fixture

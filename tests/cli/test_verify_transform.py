@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 
 
 def test_verify_through_convert_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.cli import main
-from dcpstudio.core.convert import convert
+from dcpstudio.cli.main import main
+from dcpstudio.core.checkpoints.opening import open_checkpoint
 from dcpstudio.core.errors import UnsafePickleError, UnsupportedFormatError
-from dcpstudio.core.inspect import open_checkpoint
+from dcpstudio.core.ops.convert.convert import convert
 
 FLOAT8 = r"a torchao Float8Tensor \(a tensor subclass: qdata float8_e4m3fn \[4, 8\], scale float32 \[4, 1\]\)"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dcpstudio.core import convert, diff, open_checkpoint
-from dcpstudio.core.load import run_load
+from dcpstudio.core.ranks.load import run_load
 from tests.compat import writers
 from tests.conftest import assert_same
 

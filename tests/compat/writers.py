@@ -3,7 +3,7 @@ them: FSDP2 with AdamW saved through ``thread_count>1`` and ``async_save``, torc
 ``HuggingFaceStorageWriter`` (one process, and distributed), ``FileSystemWriter`` with
 ``serialization_format=SAFETENSORS``. Each maker writes the checkpoint and, next to it, what torch's
 own reader makes of it (``reference.pt``) -- or the state dict it saved, where torch has no reader.
-Rank workers run under dcpstudio.core.launch (spawned, gloo)."""
+Rank workers run under dcpstudio.core.ranks.launch (spawned, gloo)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _fsdp2_worker(rank: int, world: int, report: Any, out: str, threads: int, us
 
 
 def fsdp2_adamw(out: Path, *, threads: int = 2, use_async: bool = True) -> Path:
-    from dcpstudio.core.launch import LaunchError, launch
+    from dcpstudio.core.ranks.launch import LaunchError, launch
 
     try:
         launch(_fsdp2_worker, (str(out), threads, use_async), nprocs=2, timeout=240)
@@ -97,7 +97,7 @@ def _hf_distributed_worker(rank: int, world: int, report: Any, out: str) -> None
 def hf_distributed(out: Path) -> Path:
     """torch's HuggingFaceStorageWriter(save_distributed=True): one shard file per rank, each
     holding that rank's rows under the full names (transformers 5's distributed layout)."""
-    from dcpstudio.core.launch import launch
+    from dcpstudio.core.ranks.launch import launch
 
     launch(_hf_distributed_worker, (str(out),), nprocs=2, timeout=240)
     return out

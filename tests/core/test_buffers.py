@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dcpstudio.core import diff, open_checkpoint, torch_save_to_dcp
-from dcpstudio.core._buffers import BufferPool, new_tensor
+from dcpstudio.core.io.buffers import BufferPool, new_tensor
 
 
 def test_pool_reuses_only_what_it_lent() -> None:

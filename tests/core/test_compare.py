@@ -21,8 +21,8 @@ from dcpstudio.core import (
     open_checkpoint,
     torch_save_to_dcp,
 )
-from dcpstudio.core.diff import DiffReport, EntryComparison
-from dcpstudio.core.report import diff_json, diff_text
+from dcpstudio.core.ops.compare.diff import DiffReport, EntryComparison
+from dcpstudio.core.ops.report import diff_json, diff_text
 
 
 def _reference(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def test_damaged_data_is_not_called_hostile(tmp_path: Path) -> None:
     import io
 
     from dcpstudio.core import CorruptCheckpointError
-    from dcpstudio.core.planners import safe_torch_load
+    from dcpstudio.core.formats.dcp.planners import safe_torch_load
 
     with pytest.raises(CorruptCheckpointError):
         safe_torch_load(io.BytesIO(b"\x80\x02\x8e garbage"), "value")

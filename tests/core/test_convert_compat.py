@@ -65,7 +65,7 @@ def test_legacy_torch_save_format(tmp_path: Path) -> None:
 
 
 def test_large_multi_tensor_checkpoint_streams_and_round_trips(tmp_path: Path) -> None:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     sd = llama_like_state_dict(24 << 20)
     torch.save(sd, tmp_path / "m.pt")

@@ -110,8 +110,8 @@ def by_torch(tmp_path: Path) -> Path:
 def test_what_torch_writes_with_it_we_read_given_the_registry(by_torch: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from dcpstudio.core.formats.dcp_storage import DCPReader
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import DCPReader
 
     raw = (by_torch / "__0_0.distcp").read_bytes()
     assert b"data.pkl" not in raw  # the transform was applied: the archive's names are hidden
@@ -137,8 +137,8 @@ def test_a_transform_we_cannot_undo_is_refused_in_one_line(
     from torch.distributed.checkpoint.api import CheckpointException
 
     from dcpstudio.core.errors import DCPStudioError
-    from dcpstudio.core.formats.dcp_storage import DCPReader, unwrap_error
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import DCPReader, unwrap_error
 
     with pytest.raises(CheckpointException) as caught:
         dcp.load(target(), storage_reader=DCPReader(by_torch, given), planner=SafeLoadPlanner(), no_dist=True)
@@ -150,7 +150,7 @@ def test_what_we_write_with_it_torch_reads(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from dcpstudio.core.formats.dcp_storage import DCPWriter
+    from dcpstudio.core.formats.dcp.storage import DCPWriter
 
     dcp.save(source(), storage_writer=DCPWriter(tmp_path / "ck", _extensions=[Rot13()]), no_dist=True)
     assert b"data.pkl" not in (tmp_path / "ck" / "__0_0.distcp").read_bytes()
@@ -162,7 +162,7 @@ def test_what_we_write_with_it_torch_reads(tmp_path: Path) -> None:
 def test_the_command_line_names_the_transform(
     by_torch: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dcpstudio.cli import main
+    from dcpstudio.cli.main import main
 
     assert main(["convert", str(by_torch), str(tmp_path / "out.pt"), "-q"]) == 1
     err = capsys.readouterr().err.strip()

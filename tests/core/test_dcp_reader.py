@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from dcpstudio.core import DCPReader, read_metadata, torch_save_to_dcp
-from dcpstudio.core._io import contiguous_span
-from dcpstudio.core.planners import RegionPlanner
+from dcpstudio.core.formats.dcp.planners import RegionPlanner
+from dcpstudio.core.io.raw import contiguous_span
 from tests import _ranks
 
 

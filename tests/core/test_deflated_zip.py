@@ -15,8 +15,8 @@ import torch
 
 from dcpstudio.core import convert, open_checkpoint
 from dcpstudio.core.errors import CorruptCheckpointError
-from dcpstudio.core.formats._zip import read_zip_records
-from dcpstudio.core.formats.torchsave import TorchSaveFile
+from dcpstudio.core.formats.torchsave.archive import TorchSaveFile
+from dcpstudio.core.formats.torchsave.zip import read_zip_records
 from tests._zips import MIB, repack, stored, torch_records, zeros_deflated, zip_archive
 
 TENSORS = ("w", "wt", "rows", "half", "bf", "shared")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from dcpstudio.core.demo import write_demo
+from dcpstudio.core.ops.demo import write_demo
 
 
 def test_writing_the_demo_imports_no_torch(tmp_path: Path) -> None:
-    code = "import sys; from dcpstudio.core.demo import write_demo; write_demo(); print('torch' in sys.modules)"
+    code = "import sys; from dcpstudio.core.ops.demo import write_demo; write_demo(); print('torch' in sys.modules)"
     env = {"XDG_DATA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.core.convert import convert, dcp_to_torch_save, torch_save_to_dcp
 from dcpstudio.core.errors import DCPStudioError, DestinationExistsError
+from dcpstudio.core.ops.convert.convert import convert, dcp_to_torch_save, torch_save_to_dcp
 from tests.conftest import assert_same, leftovers, rich_state_dict
 
 

@@ -24,8 +24,8 @@ from dcpstudio.core import (
     export_tensor,
     open_checkpoint,
 )
-from dcpstudio.core._tensor_io import numeric
 from dcpstudio.core.dtypes import DTYPES
+from dcpstudio.core.pickles.tensor_io import numeric
 from tests._chunked import ChunkedPlanner, split
 from tests.conftest import dcp_save, leftovers
 
@@ -197,7 +197,7 @@ def test_a_tensor_larger_than_the_budget_streams(fmt: str, tmp_path: Path, monke
 
         monkeypatch.setattr(ckpt, "read_tensor", read_tensor)
         writes: list[int] = []
-        import dcpstudio.core.extract as extract
+        import dcpstudio.core.ops.explore.extract as extract
 
         opened = extract.create_file
 

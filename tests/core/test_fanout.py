@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.cli import main as cli
+from dcpstudio.cli.main import main as cli
 from dcpstudio.core import ExpansionError, convert, torch_save_to_dcp
 from tests.conftest import leftovers
 
@@ -20,7 +20,7 @@ _FLOOR = 1 << 20  # the 1 GiB floor, scaled down so the files stay small
 
 @pytest.fixture(autouse=True)
 def _small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dcpstudio.core._fanout.OUTPUT_FLOOR", _FLOOR)
+    monkeypatch.setattr("dcpstudio.core.ops.convert.fanout.OUTPUT_FLOOR", _FLOOR)
 
 
 def _fanout(path: Path, names: int = 64, numel: int = 64 << 10) -> dict[str, Any]:

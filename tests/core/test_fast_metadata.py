@@ -1,4 +1,4 @@
-"""The fast ``.metadata`` parser (:mod:`dcpstudio.core.checkpoints.dcp_fast`) must give exactly what the
+"""The fast ``.metadata`` parser (:mod:`dcpstudio.core.checkpoints.dcp.fast`) must give exactly what the
 generic restricted parse gives -- the same entries and the same index, byte for byte -- or nothing
 (the generic parse then runs): on torch's own saves, on streams gathered from many ranks, on damaged
 streams, and on streams built to fool it."""
@@ -15,12 +15,13 @@ import torch
 from torch.distributed.checkpoint import save as dcp_save
 
 from dcpstudio.core import open_checkpoint
-from dcpstudio.core._pickle import gc_paused, load_light_metadata
-from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
-from dcpstudio.core.checkpoints.dcp_fast import fast_head, fast_index, same_head
-from dcpstudio.core.checkpoints.dcp_metadata import entries_from_metadata
+from dcpstudio.core.checkpoints.dcp import children as dcp_children
+from dcpstudio.core.checkpoints.dcp import metadata as dcp_metadata
+from dcpstudio.core.checkpoints.dcp.fast import fast_head, fast_index, same_head
+from dcpstudio.core.checkpoints.dcp.metadata import entries_from_metadata
 from dcpstudio.core.errors import CorruptCheckpointError, DCPStudioError
-from dcpstudio.core.formats.dcp_index import DCPIndex
+from dcpstudio.core.formats.dcp.index import DCPIndex
+from dcpstudio.core.pickles.unpicklers import gc_paused, load_light_metadata
 from tests.perf import big_metadata
 
 
@@ -156,7 +157,7 @@ def test_entries_set_twice_are_refused(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def _frames(data: bytes) -> list[tuple[int, int]]:
-    from dcpstudio.core._pickle import protocol4_frames
+    from dcpstudio.core.pickles.unpicklers import protocol4_frames
 
     found = protocol4_frames(data)
     assert found is not None
@@ -233,7 +234,7 @@ def test_the_index_is_parsed_by_a_child_while_the_head_is_read(tmp_path: Path, m
 def test_a_frame_claiming_more_than_the_stream_holds_is_not_read_short() -> None:
     """One whole storage item cut out of a one-frame stream: what is left parses as records, but the
     frame says more bytes follow than do -- the unpickler refuses the stream, and so must this."""
-    from dcpstudio.core.checkpoints.dcp_fast_cut import learn, unframed
+    from dcpstudio.core.checkpoints.dcp.fast_cut import learn, unframed
 
     data = pickle.dumps(big_metadata.torch_metadata(8, 2))
     assert len(_frames(data)) == 1
@@ -321,7 +322,7 @@ def test_closing_stops_a_child_another_thread_waits_for(tmp_path: Path, monkeypa
 def test_a_metadata_over_the_size_read_is_refused_as_too_large_not_damaged(tmp_path: Path) -> None:
     """A 1,024-rank run's .metadata can pass the size this tool reads: said so, not called damage."""
     from dcpstudio.core.errors import UnsupportedFormatError
-    from dcpstudio.core.formats.dcp import METADATA_LIMIT
+    from dcpstudio.core.formats.dcp.files import METADATA_LIMIT
 
     folder = tmp_path / "huge"
     folder.mkdir()

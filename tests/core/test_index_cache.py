@@ -15,10 +15,12 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-from dcpstudio.core import CorruptCheckpointError, UnsafePickleError, _index_cache, open_checkpoint, read_metadata
-from dcpstudio.core.checkpoints import dcp as dcp_module
-from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
-from dcpstudio.core.formats.dcp_index import DCPIndex
+from dcpstudio.core import CorruptCheckpointError, UnsafePickleError, open_checkpoint, read_metadata
+from dcpstudio.core.checkpoints.dcp import checkpoint as dcp_module
+from dcpstudio.core.checkpoints.dcp import children as dcp_children
+from dcpstudio.core.checkpoints.dcp import metadata as dcp_metadata
+from dcpstudio.core.formats.dcp.index import DCPIndex
+from dcpstudio.core.io import index_cache as _index_cache
 from tests._chunked import ChunkedPlanner, split
 from tests.conftest import assert_same, dcp_save, on_thread
 

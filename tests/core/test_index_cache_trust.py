@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from dcpstudio.core import _index_cache, open_checkpoint
-from dcpstudio.core.checkpoints import dcp as dcp_module
-from dcpstudio.core.checkpoints import dcp_children, dcp_metadata
+from dcpstudio.core import open_checkpoint
+from dcpstudio.core.checkpoints.dcp import checkpoint as dcp_module
+from dcpstudio.core.checkpoints.dcp import children as dcp_children
+from dcpstudio.core.checkpoints.dcp import metadata as dcp_metadata
+from dcpstudio.core.io import index_cache as _index_cache
 from tests.core.test_index_cache import (  # noqa: F401  # fixtures (chunked, parses, ...)
     _cache_files,
     _edit_metadata,

@@ -148,7 +148,7 @@ def test_large_metadata_opens_without_its_storage_index_then_loads_it(
 ) -> None:
     """The head-only parse (used for big .metadata files) gives the same model as a full parse,
     even when a tensor is itself named like the metadata field that is cut at."""
-    from dcpstudio.core.checkpoints import dcp_metadata
+    from dcpstudio.core.checkpoints.dcp import metadata as dcp_metadata
 
     full = open_checkpoint(multirank_dcp)
     monkeypatch.setattr(dcp_metadata, "HEAD_ONLY_ABOVE", 0)

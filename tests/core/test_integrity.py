@@ -142,7 +142,7 @@ def test_destination_that_contains_the_source_is_never_deleted(rich_pt: Path, tm
 @pytest.mark.parametrize("direction", ["to_dcp", "to_torch"])
 @pytest.mark.parametrize("after", [0, 1, 5])
 def test_cancel_midway_leaves_nothing(tmp_path: Path, direction: str, after: int) -> None:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     src = tmp_path / "src.pt"
     torch.save(llama_like_state_dict(4 << 20), src)
@@ -234,7 +234,7 @@ def test_stale_temporaries_of_killed_runs_are_cleaned(rich_pt: Path, tmp_path: P
 
 
 def test_failure_while_writing_leaves_nothing(rich_pt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dcpstudio.core.formats import _zip_writer as _zip
+    from dcpstudio.core.formats.torchsave import zip_writer as _zip
 
     real = _zip.ZipWriter.write
     calls = {"n": 0}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.core._tree import iter_tensors
-from dcpstudio.core.launch import LaunchError, launch
-from dcpstudio.core.load import placements, run_load
+from dcpstudio.core.pickles.tree import iter_tensors
+from dcpstudio.core.ranks.launch import LaunchError, launch
+from dcpstudio.core.ranks.load import placements, run_load
 from tests import _ranks
 
 

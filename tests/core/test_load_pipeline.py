@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.core.launch import launch
+from dcpstudio.core.ranks.launch import launch
 from tests import _ranks
 
 

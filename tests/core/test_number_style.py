@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from dcpstudio.core import open_checkpoint
-from dcpstudio.core.report import checkpoint_text, exact_count, human_bytes, human_count, plural
+from dcpstudio.core.ops.report import checkpoint_text, exact_count, human_bytes, human_count, plural
 
 
 def test_magnitudes_have_one_decimal_after_their_first_unit() -> None:

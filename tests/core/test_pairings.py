@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.core.launch import launch
+from dcpstudio.core.ranks.launch import launch
 
 
 def source() -> dict[str, torch.Tensor]:
@@ -64,9 +64,9 @@ def pairings_worker(rank: int, world: int, report: Any, folder: str) -> dict[str
     from torch.distributed.checkpoint.format_utils import DynamicMetaLoadPlanner
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from dcpstudio.core.distributed import CheckpointReader
-    from dcpstudio.core.formats.dcp_storage import DCPReader, unwrap_error
-    from dcpstudio.core.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.planners import SafeLoadPlanner
+    from dcpstudio.core.formats.dcp.storage import DCPReader, unwrap_error
+    from dcpstudio.core.ranks.distributed import CheckpointReader
 
     root = Path(folder)
     by_cols = root / f"dcp-cols-{world}"  # chunks cut by columns: each row shard spans them all
@@ -134,9 +134,9 @@ def test_a_region_the_checkpoint_does_not_store_is_refused(
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import DynamicMetaLoadPlanner
 
-    from dcpstudio.core.distributed import CheckpointReader
     from dcpstudio.core.errors import DCPStudioError
-    from dcpstudio.core.formats.dcp_storage import DCPReader, unwrap_error
+    from dcpstudio.core.formats.dcp.storage import DCPReader, unwrap_error
+    from dcpstudio.core.ranks.distributed import CheckpointReader
 
     storage = (
         CheckpointReader(checkpoints / "model.pt") if reader == "torch.save" else DCPReader(checkpoints / "dcp-one")

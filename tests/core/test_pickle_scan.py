@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dcpstudio.core import _pickle_guard as g
 from dcpstudio.core.errors import CorruptCheckpointError
+from dcpstudio.core.pickles import guard as g
 
 
 def _walk(data: bytes, label: str, start: int = 0) -> g.StreamInfo:

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemWriter
 
-from dcpstudio.core import _io, open_checkpoint
+from dcpstudio.core import open_checkpoint
+from dcpstudio.core.io import raw as _io
 from tests._chunked import Box, ChunkedPlanner, split
 from tests.conftest import dcp_load, dcp_save
 

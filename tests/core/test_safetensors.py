@@ -19,7 +19,7 @@ from dcpstudio.core import (
     open_checkpoint,
     torch_save_to_dcp,
 )
-from dcpstudio.core.convert import parse_size
+from dcpstudio.core.ops.convert.convert import parse_size
 from tests.conftest import leftovers
 
 

@@ -17,7 +17,7 @@ from dcpstudio.core import (
     read_metadata,
     torch_save_to_dcp,
 )
-from dcpstudio.core.formats.dcp_storage import unwrap_error as _unwrap
+from dcpstudio.core.formats.dcp.storage import unwrap_error as _unwrap
 from tests.conftest import assert_same, dcp_load, dcp_save, leftovers
 
 

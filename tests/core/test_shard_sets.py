@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.core.convert import convert
+from dcpstudio.core.checkpoints.opening import open_checkpoint
 from dcpstudio.core.errors import CorruptCheckpointError, UnsupportedFormatError
-from dcpstudio.core.inspect import open_checkpoint
+from dcpstudio.core.ops.convert.convert import convert
 from tests._shardsets import fsdp2_full, full_tensors, save_shard_sets
 
 pytest.importorskip("torch.distributed.tensor")
@@ -89,7 +89,7 @@ def test_partial_placement_refused(sets: Path) -> None:
 
 
 def test_cli_inspect_and_verify(sets: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dcpstudio.cli import main
+    from dcpstudio.cli.main import main
 
     assert main(["inspect", str(sets / "fsdp2")]) == 0
     assert "float32 [5, 6]" in capsys.readouterr().out  # the full shape, not a rank's shard
@@ -113,7 +113,7 @@ def test_placement_math_matches_torch() -> None:
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    from dcpstudio.core._dtensor import local_indices
+    from dcpstudio.core.pickles.dtensor import local_indices
 
     ours = {"S": lambda d, _: ("S", d), "SS": lambda d, f: ("SS", d, f), "R": lambda d, _: ("R",)}
     theirs = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dcpstudio.core import open_checkpoint, tensor_stats
-from dcpstudio.core.slices import SliceSpec, summarise_slice
+from dcpstudio.core.ops.explore.slices import SliceSpec, summarise_slice
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.bool])

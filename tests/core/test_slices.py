@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dcpstudio.core import convert, open_checkpoint
-from dcpstudio.core.slices import SliceSpec, read_window, summarise_slice
+from dcpstudio.core.ops.explore.slices import SliceSpec, read_window, summarise_slice
 
 
 def _index(t: torch.Tensor, spec: SliceSpec) -> torch.Tensor:

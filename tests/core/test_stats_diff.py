@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from dcpstudio.core import diff, open_checkpoint, tensor_stats, torch_save_to_dcp
-from dcpstudio.core._blocks import blocks
+from dcpstudio.core.io.blocks import blocks
 
 
 def _reference(t: torch.Tensor) -> dict[str, float]:

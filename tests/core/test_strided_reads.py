@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dcpstudio.core import open_checkpoint
-from dcpstudio.core._blocks import strided_pieces
+from dcpstudio.core.io.blocks import strided_pieces
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcpstudio.cli import main
-from dcpstudio.core.convert import convert
+from dcpstudio.cli.main import main
+from dcpstudio.core.checkpoints.opening import open_checkpoint
 from dcpstudio.core.errors import UnsupportedFormatError
-from dcpstudio.core.inspect import open_checkpoint
+from dcpstudio.core.ops.convert.convert import convert
 
 
 @pytest.mark.parametrize("trust", [False, True])

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dcpstudio.core.errors import CorruptCheckpointError, UnsupportedFormatError
-from dcpstudio.core.formats.tiling import check_tiling
+from dcpstudio.core.formats.dcp.tiling import check_tiling
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -125,7 +125,7 @@ def test_refuses_non_integers_and_huge_values() -> None:
 
 
 def test_irregular_splits_along_many_dimensions_are_refused_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dcpstudio.core.formats.tiling as tiling
+    import dcpstudio.core.formats.dcp.tiling as tiling
 
     monkeypatch.setattr(tiling, "_CELLS", 64)
     boxes = _guillotine([0] * 4, [4] * 4, random.Random(1), 8)

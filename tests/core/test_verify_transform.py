@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dcpstudio.core import DCPStudioError, EmptySelectionError, convert
-from dcpstudio.core.transform import Transform
-from dcpstudio.core.verify import verify
+from dcpstudio.core.ops.convert.transform import Transform
+from dcpstudio.core.ops.verify import verify
 
 
 @pytest.fixture

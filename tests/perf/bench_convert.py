@@ -54,7 +54,7 @@ MAKER = r"""
 import json, sys, warnings
 import torch
 from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
-from dcpstudio.core.demo import llama_like_state_dict
+from dcpstudio.core.ops.demo import llama_like_state_dict
 warnings.simplefilter("ignore")
 size, src_pt, src_dcp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 sd = llama_like_state_dict(size)

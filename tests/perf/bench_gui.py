@@ -25,10 +25,10 @@ def main() -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from dcpstudio.app.main_window import MainWindow
     from dcpstudio.core import torch_save_to_dcp
-    from dcpstudio.core.convert import parse_size
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.convert.convert import parse_size
+    from dcpstudio.core.ops.demo import llama_like_state_dict
+    from dcpstudio.window.main_window import MainWindow
 
     app = QApplication([])
     with tempfile.TemporaryDirectory(prefix="dcpstudio-gui-") as tmp:

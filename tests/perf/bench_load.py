@@ -1,6 +1,6 @@
 """Multi-rank load throughput, side by side in one run (4 gloo ranks by default):
 
-* ours: a torch.save file loaded with ``dcpstudio.core.load.run_load`` (CheckpointReader) into
+* ours: a torch.save file loaded with ``dcpstudio.core.ranks.load.run_load`` (CheckpointReader) into
   ``shard0`` and ``fsdp`` DTensor targets, every shard checked against the source -- as it runs by
   default (ranks that see the file read their own regions, safely, like torch's ranks), and
   streamed (``local_reads=False``: the coordinator reads everything and sends each rank its
@@ -42,7 +42,7 @@ def _structure(path: str) -> dict[str, Any]:
 
 
 def _ready(entered: float) -> float:
-    from dcpstudio.core.launch import startup_seconds
+    from dcpstudio.core.ranks.launch import startup_seconds
 
     return (startup_seconds() or 0.0) + time.perf_counter() - entered
 
@@ -55,8 +55,8 @@ def save_rank(rank: int, world: int, report: Any, path: str, out: str, layout: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from dcpstudio.core._tree import flatten_state_dict
-    from dcpstudio.core.load import build_target
+    from dcpstudio.core.pickles.tree import flatten_state_dict
+    from dcpstudio.core.ranks.load import build_target
 
     target = build_target(_structure(path), layout, init_device_mesh("cpu", mesh))
     full, _ = flatten_state_dict(torch.load(path, mmap=True, weights_only=True))
@@ -79,7 +79,7 @@ def torch_dcp_rank(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dcpstudio.core.load import _peak_rss, build_target
+    from dcpstudio.core.ranks.load import _peak_rss, build_target
 
     startup = _ready(entered)
     target = build_target(_structure(path), layout, init_device_mesh("cpu", mesh))
@@ -96,7 +96,7 @@ def torch_broadcast_rank(rank: int, world: int, report: Any, path: str) -> dict[
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.format_utils import BroadcastingTorchSaveReader, DynamicMetaLoadPlanner
 
-    from dcpstudio.core.load import _peak_rss
+    from dcpstudio.core.ranks.load import _peak_rss
 
     startup = _ready(entered)
     specs = {f: spec for f, spec in _structure(path).items() if spec is not None}
@@ -129,10 +129,10 @@ def main() -> int:
 
     import torch
 
-    from dcpstudio.core.convert import parse_size
-    from dcpstudio.core.demo import llama_like_state_dict
-    from dcpstudio.core.launch import launch
-    from dcpstudio.core.load import run_load
+    from dcpstudio.core.ops.convert.convert import parse_size
+    from dcpstudio.core.ops.demo import llama_like_state_dict
+    from dcpstudio.core.ranks.launch import launch
+    from dcpstudio.core.ranks.load import run_load
 
     n = args.ranks
     meshes = {"shard0": (n,), "fsdp": (2, n // 2) if n > 2 and n % 2 == 0 else (n,)}

@@ -59,7 +59,7 @@ elif mode == "torch":
     out["open"] = time.perf_counter() - t0
 elif mode == "filter":
     from dcpstudio.core import open_checkpoint
-    from dcpstudio.app.tree_filter import EntryFilter, TreeIndex
+    from dcpstudio.window.tree_filter import EntryFilter, TreeIndex
     ckpt = open_checkpoint(Path(path))
     index = TreeIndex(ckpt.tree, ckpt.chunk_count)
     specs = (("text", EntryFilter(text="block.3")), ("regex", EntryFilter(text=r"layers\.1\d*\.", regex=True)),
@@ -73,7 +73,7 @@ elif mode == "gui":
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
-    from dcpstudio.app.main_window import MainWindow
+    from dcpstudio.window.main_window import MainWindow
     app = QApplication([])
     window = MainWindow()
     window.show()
@@ -228,8 +228,8 @@ def main() -> int:
 def _bench_torch_save(work: Path, size: str, repeat: int) -> None:
     import torch
 
-    from dcpstudio.core.convert import parse_size
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.convert.convert import parse_size
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     torch.save(llama_like_state_dict(parse_size(size)), work / "big.pt")
     print(f"\ntorch.save file: {(work / 'big.pt').stat().st_size / 2**30:.2f} GiB")

@@ -67,8 +67,8 @@ def main() -> int:
     import torch
 
     from dcpstudio.core import convert, open_checkpoint
-    from dcpstudio.core._remote import fetch_stats
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.io.remote.locations import fetch_stats
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     warnings.simplefilter("ignore")
     boto3.client("s3").create_bucket(Bucket="bench")

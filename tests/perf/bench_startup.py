@@ -32,7 +32,7 @@ MAKER = r"""
 import sys, torch
 from safetensors.torch import save_file
 from dcpstudio.core import torch_save_to_dcp
-from dcpstudio.core.demo import llama_like_state_dict
+from dcpstudio.core.ops.demo import llama_like_state_dict
 work = sys.argv[1]
 sd = llama_like_state_dict(64 << 20)
 torch.save(sd, f"{work}/model.pt")
@@ -100,7 +100,7 @@ import sys, time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
-from dcpstudio.app.main_window import MainWindow
+from dcpstudio.window.main_window import MainWindow
 w = MainWindow(); w.show()
 t0 = time.perf_counter(); last = [t0]; gaps = [0.0]
 def tick():

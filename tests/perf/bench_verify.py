@@ -71,7 +71,7 @@ def main() -> int:
     import torch
 
     from dcpstudio.core import torch_save_to_dcp
-    from dcpstudio.core.convert import parse_size
+    from dcpstudio.core.ops.convert.convert import parse_size
 
     per = parse_size(args.size) // 16 // 4
     cols = 4096

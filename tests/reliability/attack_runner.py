@@ -38,7 +38,7 @@ def commands(path: str, out: Path) -> dict[str, list[str]]:
 
 def main() -> int:
     path, out = sys.argv[1], Path(sys.argv[2])
-    from dcpstudio.cli import main as cli
+    from dcpstudio.cli.main import main as cli
 
     signal.signal(signal.SIGALRM, _alarm)
     report: dict[str, Any] = {}

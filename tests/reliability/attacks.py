@@ -88,7 +88,7 @@ def edit_metadata(ckpt: Path, fn: Callable[[Any], None]) -> None:
 
 def torch_archive(path: Path, pkl: bytes, storages: dict[str, bytes] | None = None) -> Path:
     """A torch.save ZIP archive with exactly this ``data.pkl`` (and these storage records)."""
-    from dcpstudio.core.formats._zip_writer import ZipWriter
+    from dcpstudio.core.formats.torchsave.zip_writer import ZipWriter
 
     with open(path, "wb") as f:
         z = ZipWriter(f, "archive")

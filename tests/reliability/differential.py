@@ -243,10 +243,10 @@ def ours(data: bytes) -> dict[str, Any]:
     """What each of our parsers makes of ``data``: 'generic' (the restricted unpickler), 'fast' (the
     bulk parse; absent when it hands over) and 'head' (the entries its head gives), or the error a
     parser refused the stream with."""
-    from dcpstudio.core._pickle import load_light_metadata
-    from dcpstudio.core.checkpoints.dcp_fast import fast_head, fast_index
-    from dcpstudio.core.checkpoints.dcp_metadata import entries_from_metadata, index_of
+    from dcpstudio.core.checkpoints.dcp.fast import fast_head, fast_index
+    from dcpstudio.core.checkpoints.dcp.metadata import entries_from_metadata, index_of
     from dcpstudio.core.errors import DCPStudioError
+    from dcpstudio.core.pickles.unpicklers import load_light_metadata
 
     found: dict[str, Any] = {}
     try:

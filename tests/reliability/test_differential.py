@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from dcpstudio.core._pickle_guard import lands_on
+from dcpstudio.core.pickles.guard import lands_on
 from tests.reliability import differential
 
 CASES = int(os.environ.get("DCPSTUDIO_DIFF_CASES", "240"))

@@ -26,7 +26,7 @@ TARGETS = {"to_dcp": ("pt", "dcp"), "to_torch": ("dcp", "torch"), "to_safetensor
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     work = tmp_path_factory.mktemp("faults")
     pt = work / "src.pt"
@@ -133,7 +133,7 @@ def test_cancel_at_random_points(sources: dict[str, Path], tmp_path: Path, direc
 def test_launcher_with_a_port_already_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import socket
 
-    from dcpstudio.core import launch as launch_mod
+    from dcpstudio.core.ranks import launch as launch_mod
     from tests import _ranks
 
     busy = socket.socket()

@@ -129,8 +129,8 @@ def test_hostile_safetensors_header(tmp_path: Path, op: str) -> None:
 @pytest.mark.parametrize("place", ["data.pkl", ".metadata"])
 def test_hostile_source_for_the_multi_rank_loader(tmp_path: Path, place: str) -> None:
     """Every rank fails with the coordinator's error; none is left waiting (or needs killing)."""
-    from dcpstudio.core.launch import launch
-    from dcpstudio.core.load import load_rank
+    from dcpstudio.core.ranks.launch import launch
+    from dcpstudio.core.ranks.load import load_rank
 
     marker = tmp_path / "PAYLOAD_RAN"
     src = tmp_path / "evil"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def big_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dcpstudio.core.demo import llama_like_state_dict
+    from dcpstudio.core.ops.demo import llama_like_state_dict
 
     path = tmp_path_factory.mktemp("signals") / "big.pt"
     torch.save(llama_like_state_dict(64 << 20), path)
@@ -39,7 +39,7 @@ def slow(self, *a, **k):
     time.sleep(0.25)
     return real(self, *a, **k)
 progress.Reporter.advance = slow
-from dcpstudio.cli import main
+from dcpstudio.cli.main import main
 raise SystemExit(main(sys.argv[1:]))
 """
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dcpstudio.core import _remote_calls
-from dcpstudio.core._remote import RemoteError, RemotePath
-from dcpstudio.core._remote_stream import Stream
+from dcpstudio.core.io.remote import calls as _remote_calls
+from dcpstudio.core.io.remote.locations import RemoteError, RemotePath
+from dcpstudio.core.io.remote.stream import Stream
 from tests.remote.bad_servers import BadHTTPServer
 from tests.remote.conftest import one_line_error, run_cli
 

@@ -51,7 +51,7 @@ def test_a_large_remote_metadata_is_parsed_once(
     write_metadata(md, 8001, 4)  # the object changes: its ETag and size with it
     fs.put(str(md), f"{bucket}/ckpt/.metadata")
     s3fs.S3FileSystem.clear_instance_cache()
-    from dcpstudio.core._remote import RemotePath
+    from dcpstudio.core.io.remote.locations import RemotePath
 
     RemotePath(f"{url}/.metadata").forget()  # what this process knew of the object (a few seconds' memo)
     s3_server.reset()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dcpstudio.core import open_checkpoint
-from dcpstudio.core._remote import RemoteError
+from dcpstudio.core.io.remote.locations import RemoteError
 from tests._ranks import full_tensor
 from tests.conftest import dcp_save
 from tests.remote.conftest import HTTPRoot, one_line_error, run_cli

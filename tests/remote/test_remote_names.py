@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dcpstudio.core import CorruptCheckpointError, DCPStudioError, convert, open_checkpoint
-from dcpstudio.core._files import member_path
-from dcpstudio.core._remote import RemotePath
+from dcpstudio.core.io.files import member_path
+from dcpstudio.core.io.remote.locations import RemotePath
 
 
 @pytest.mark.parametrize("name", ["%2e%2e/x.distcp", "a?b.distcp", "a#b.distcp", "a//b.distcp", "a\\b.distcp", "../x"])
@@ -88,7 +88,7 @@ def test_streams_stay_few_whatever_the_number_of_files(tmp_path: Path) -> None:
     import fsspec
     import torch
 
-    from dcpstudio.core import _remote_io
+    from dcpstudio.core.io.remote import files as _remote_io
 
     torch.save({f"t{i}": torch.full((5 << 20,), float(i)) for i in range(4)}, tmp_path / "m.pt")  # 4 x 20 MiB
     root = f"/{uuid.uuid4().hex}"

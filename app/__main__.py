@@ -1,0 +1,3 @@
+from dcpstudio.cli.main import main
+
+raise SystemExit(main())

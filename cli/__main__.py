@@ -1,3 +1,0 @@
-from dcpstudio.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+"""torch.save files without torch: the archive's pickle and records (:mod:`.archive`), the ZIP
+layer that reads (:mod:`.zip`, :mod:`.inflated`) and writes (:mod:`.zip_writer`) it, and the
+pre-1.6 legacy format (:mod:`.legacy`)."""

@@ -1,0 +1,86 @@
+"""Verify a conversion's output against its source *through* the transform it was written with.
+
+A filtered, cast or renamed output differs from its whole source by design; comparing the two
+reports every excluded entry as "only in A" and every cast tensor as different, which hides a
+real difference among them. :func:`verify` compares the output with the source as the conversion
+saw it (:class:`~.transform.Transformed`): the entries it kept, under their new names, cast with
+torch's own ``Tensor.to`` -- so a cast output is checked exactly, not within a tolerance that
+would also let a wrong value through. The CLI's ``verify`` and the window's Verify call it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from ..checkpoints.opening import open_checkpoint
+from ..progress import CancelToken, ProgressCallback
+from .compare.diff import PAIR_BUDGET, DiffReport, diff
+from .convert.transform import Transform, Transformed
+from .report import diff_json, diff_text
+
+__all__ = ["Verification", "verify"]
+
+_NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A :class:`~.diff.DiffReport` of the source seen through ``transform`` (A) against the
+    output (B); ``kept`` of the source's ``entries`` went through."""
+
+    report: DiffReport
+    transform: Transform
+    kept: int
+    entries: int
+
+    @property
+    def equal(self) -> bool:
+        return self.report.equal
+
+    def through(self) -> str:
+        """The line that says what A is, empty when it is the whole source as stored."""
+        if self.transform.identity:
+            return ""
+        return f"A is the source through {self.transform.flags()}: {self.kept} of {self.entries} entries"
+
+    def text(self, limit: int | None = None) -> str:
+        """:func:`~.report.diff_text`'s summary first, then what A is, then each difference."""
+        first, *rest = diff_text(self.report, limit).split("\n")
+        return "\n".join([first, *([self.through()] if self.through() else []), *rest])
+
+    def json(self) -> dict[str, object]:
+        """:func:`~.report.diff_json`, plus ``"transform"`` (the options; null where not given),
+        ``"kept"`` and ``"source_entries"``."""
+        return {**diff_json(self.report), "transform": asdict(self.transform), "kept": self.kept,
+                "source_entries": self.entries}  # fmt: skip
+
+
+def verify(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    transform: Transform | None = None,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    quick: bool = False,
+    trust_pickle: bool = False,
+    allow_empty: bool = False,
+    budget: int = PAIR_BUDGET,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> Verification:
+    """Compare ``out`` with ``src`` seen through ``transform`` (:func:`~.diff.diff`'s rules and
+    tolerances). A transform that cannot have made ``out`` is refused (``ValueError``): a
+    ``strip_prefix`` for an output that is not safetensors (only that target renames), a prefix
+    that starts no kept name; a selection that keeps nothing is refused as conversion refuses it."""
+    transform = transform or Transform()
+    with open_checkpoint(src, trust_pickle=trust_pickle) as a, open_checkpoint(out, trust_pickle=trust_pickle) as b:
+        p = transform.strip_prefix
+        if p is not None and b.format != "safetensors":
+            raise ValueError(f"--strip-prefix applies to safetensors outputs only; {out} is {_NAMES[b.format]}")
+        seen = Transformed(a, transform, allow_empty=allow_empty)
+        if p is not None and seen.entries and not any(transform.keep(f) and f.startswith(p) for f in a.entries):
+            raise ValueError(f"--strip-prefix {p!r} starts no entry of {src}; names look like {next(iter(a.entries))}")
+        report = diff(seen, b, rtol=rtol, atol=atol, budget=budget, progress=progress, cancel=cancel, quick=quick)
+        return Verification(report, transform, len(seen.entries), len(a.entries))

@@ -1,0 +1,4 @@
+"""Checkpoints into many ranks: local ranks started and supervised (:mod:`.launch`), a
+single-file checkpoint read into a sharded job (:mod:`.distributed`, the byte protocol in
+:mod:`.transfer`, shared reads of boxes in :mod:`.regions`), and the test load of any
+checkpoint into any world size (:mod:`.load`)."""

@@ -1,0 +1,226 @@
+"""Start N local ranks with ``torch.multiprocessing`` and supervise them.
+
+Ranks are forked from a fork server -- a fresh interpreter, started once per parent process, that
+has imported torch and torch.distributed.checkpoint (seconds each, in every rank, when spawned) --
+or spawned where there is no fork server. They never fork the parent itself (its threads, Qt,
+open files). They take the parent's environment of the moment, join a process group on a free
+port (gloo on CPU, nccl when every rank can have a GPU) and run ``fn(rank, world, report, *args)``.
+They talk to the parent only through a queue: progress, a result, or an error. The parent waits
+with timeouts only; when a rank raises or dies, the others are stopped, the error is raised with
+its rank, and no process is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from ..errors import CancelledError, DCPStudioError
+from ..progress import CancelToken
+
+__all__ = ["LaunchError", "RankProgress", "free_port", "launch", "startup_seconds"]
+
+_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "dcpstudio.core.ranks.distributed",
+    "dcpstudio.core.formats.dcp.storage",
+    "dcpstudio.core.formats.dcp.planners",
+)
+_startup: float | None = None
+
+
+class LaunchError(DCPStudioError):
+    """A rank failed, died or timed out; the message names the rank."""
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    rank: int
+    stage: str
+    fraction: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def startup_seconds() -> float | None:
+    """In a rank started by :func:`launch`: seconds from the ``launch`` call until the rank had
+    joined the process group (start, imports, rendezvous); None in any other process."""
+    return _startup
+
+
+def _context(fn: Any) -> Any:
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    module = getattr(fn, "__module__", None)  # a __main__ would be run again in the server: not preloaded
+    ctx.set_forkserver_preload([*_PRELOAD, *([module] if module and module != "__main__" else [])])
+    return ctx
+
+
+def _entry(
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    timeout: float,
+    fn: Any,
+    args: tuple[Any, ...],
+    q: Any,
+    env: dict[str, str],
+    launched_at: float,
+) -> None:
+    global _startup
+    import torch.distributed as dist
+
+    os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
+    os.environ.update(env)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    if "OMP_NUM_THREADS" not in env:  # like torchrun: ranks that share the cores do not each take all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        _startup = time.time() - launched_at
+        try:
+            result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
+        finally:
+            dist.destroy_process_group()
+        q.put(("result", rank, result))
+    except BaseException as e:  # reported to the parent, which stops the others
+        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+
+
+def _stop(procs: list[Any]) -> None:
+    procs = [p for p in procs if p.pid is not None]  # started
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(2)
+
+
+def _died(rank: int, code: int | None) -> LaunchError:
+    if code is not None and code < 0:
+        try:
+            how = signal.Signals(-code).name
+        except ValueError:
+            how = f"signal {-code}"
+        return LaunchError(f"rank {rank} was killed ({how})")
+    return LaunchError(f"rank {rank} exited with code {code} without a result")
+
+
+def _is_echo(message: str) -> bool:
+    """Errors a rank gets because a peer failed first (its connections dropped)."""
+    return "Connection" in message and ("peer" in message or "reset" in message)
+
+
+def _root_cause(procs: list[Any], results: dict[int, Any], q: Any, rank: int, message: str) -> LaunchError:
+    """When one rank fails, its peers fail too; name the rank that failed first."""
+    errors = [(rank, message)]
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        try:
+            kind, r, payload = q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if kind == "error":
+            errors.append((r, str(payload)))
+    dead = [r for r, p in enumerate(procs) if r not in results and not p.is_alive() and p.exitcode]
+    if dead:
+        echoes = "; ".join(f"then rank {r}: {m[:120]}" for r, m in errors)
+        return LaunchError(f"{_died(dead[0], procs[dead[0]].exitcode)}; {echoes}")
+    first = next(((r, m) for r, m in errors if not _is_echo(m)), errors[0])
+    return LaunchError(f"rank {first[0]}: {first[1]}")
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    nprocs: int,
+    timeout: float = 600.0,
+    on_progress: Callable[[RankProgress], None] | None = None,
+    cancel: CancelToken | None = None,
+    backend: str | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world, report, *args)`` on ``nprocs`` spawned ranks; their results in rank order.
+
+    ``fn`` must be importable by name (module level). ``report(stage, fraction)`` sends progress.
+    """
+    if nprocs < 1:
+        raise ValueError("nprocs must be at least 1")
+    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo")
+    launched_at = time.time()
+    ctx = _context(fn)
+    q = ctx.Queue()
+    port = free_port()
+    env = dict(os.environ)
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at),
+            daemon=True,
+            name=f"dcpstudio-rank{r}",
+        )
+        for r in range(nprocs)
+    ]
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < nprocs:
+            if cancel is not None and cancel.cancelled:
+                raise CancelledError("cancelled; the ranks were stopped")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"ranks {sorted(set(range(nprocs)) - set(results))} did not finish in {timeout:.0f} s"
+                )
+            try:
+                kind, rank, payload = q.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in results and not p.is_alive():
+                        try:  # its last message may still be in flight
+                            kind, rank, payload = q.get(timeout=0.5)
+                        except queue.Empty:
+                            raise _died(r, p.exitcode) from None
+                        break
+                else:
+                    continue
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(RankProgress(rank, *payload))
+            elif kind == "result":
+                results[rank] = payload
+            else:
+                raise _root_cause(procs, results, q, rank, str(payload))
+    finally:
+        _stop(procs)
+        q.cancel_join_thread()
+        q.close()
+    return [results[r] for r in range(nprocs)]
