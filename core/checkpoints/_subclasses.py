@@ -3,7 +3,7 @@
 Two readings, both under ``--trust-pickle`` only (the second runs the package's code):
 
 * by default, the subclass's inner tensors under its name: ``W.qdata``, ``W.scale`` -- the
-  stored bytes as they are, each the file's own view (:class:`~.._refs.TensorRef`);
+  stored bytes as they are, each the file's own view (:class:`~..pickles.refs.TensorRef`);
 * with ``dequantize``, ``W`` itself as the tensor its ``dequantize()`` gives, in the outer dtype
   and shape the pickle declares, held as a one-tensor in-memory archive so every reader and writer
   treats it as any other entry.

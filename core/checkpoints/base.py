@@ -82,7 +82,7 @@ class Checkpoint:
 
     ``entries`` maps each flattened fully-qualified name to an :class:`Entry`. Use as a context
     manager (or call :meth:`close`) to release open files. A checkpoint is also the
-    :class:`~._refs.StorageSource` of the tensor refs it hands out.
+    :class:`~..pickles.refs.StorageSource` of the tensor refs it hands out.
     """
 
     format: Format

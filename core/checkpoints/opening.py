@@ -1,7 +1,7 @@
 """Open any checkpoint as a :class:`Checkpoint` model and read single tensors or values from it.
 
 Opening reads only structure, and imports no torch: DCP's ``.metadata`` (restricted, into light
-records), torch.save's pickle (weights-only, tensors as :class:`~._refs.TensorRef` descriptions)
+records), torch.save's pickle (weights-only, tensors as :class:`~..pickles.refs.TensorRef` descriptions)
 or safetensors headers. Tensor data is read on request, one tensor or one region at a time,
 touching only the bytes that hold it; torch is imported when a torch tensor is made. Each kind of
 checkpoint lives in its own module of :mod:`dcpstudio.core.checkpoints`.

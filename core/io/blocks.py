@@ -10,7 +10,7 @@ __all__ = ["BLOCK_BUDGET", "WINDOW_BUDGET", "blocks", "box_slices", "strided_pie
 BLOCK_BUDGET = 32 << 20
 """Bytes per block of a streamed computation: per-block costs vanish, a few blocks fit anywhere.
 Blocks this large are unmapped when freed (glibc), so a long computation recycles its buffers
-(:mod:`._buffers`) rather than faulting fresh pages in for every block."""
+(:mod:`.buffers`) rather than faulting fresh pages in for every block."""
 
 
 WINDOW_BUDGET = 16 << 20

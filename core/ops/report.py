@@ -323,7 +323,7 @@ def metric(v: float | None, digits: int = 4) -> str:
 
 
 def compare_summary(rows: list[EntryComparison]) -> str:
-    """:func:`diff_summary`'s line for :func:`~.diff.compare`'s rows."""
+    """:func:`diff_summary`'s line for :func:`~.compare.diff.compare`'s rows."""
     only_a = [r.fqn for r in rows if r.status == "only_a"]
     only_b = [r.fqn for r in rows if r.status == "only_b"]
     equal = sum(r.status == "equal" for r in rows)
@@ -357,7 +357,7 @@ def _row_json(r: EntryComparison) -> dict[str, Any]:
 
 def compare_json(a: str, b: str, rows: list[EntryComparison], rtol: float, atol: float, equal: bool) -> dict[str, Any]:
     """``dcpstudio compare --json``: ``{"schema": 1, "a", "b", "rtol", "atol", "equal": bool,
-    "entries": [every field of :class:`~.diff.EntryComparison`, tuples as lists, plus
+    "entries": [every field of :class:`~.compare.diff.EntryComparison`, tuples as lists, plus
     "status_text"]}``; metrics not applicable are null, infinities ``Infinity``."""
     return {
         "schema": 1,

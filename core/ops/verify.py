@@ -3,7 +3,7 @@
 A filtered, cast or renamed output differs from its whole source by design; comparing the two
 reports every excluded entry as "only in A" and every cast tensor as different, which hides a
 real difference among them. :func:`verify` compares the output with the source as the conversion
-saw it (:class:`~.transform.Transformed`): the entries it kept, under their new names, cast with
+saw it (:class:`~.convert.transform.Transformed`): the entries it kept, under their new names, cast with
 torch's own ``Tensor.to`` -- so a cast output is checked exactly, not within a tolerance that
 would also let a wrong value through. The CLI's ``verify`` and the window's Verify call it.
 """
@@ -26,7 +26,7 @@ _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors"
 
 @dataclass(frozen=True)
 class Verification:
-    """A :class:`~.diff.DiffReport` of the source seen through ``transform`` (A) against the
+    """A :class:`~.compare.diff.DiffReport` of the source seen through ``transform`` (A) against the
     output (B); ``kept`` of the source's ``entries`` went through."""
 
     report: DiffReport
@@ -70,7 +70,7 @@ def verify(
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> Verification:
-    """Compare ``out`` with ``src`` seen through ``transform`` (:func:`~.diff.diff`'s rules and
+    """Compare ``out`` with ``src`` seen through ``transform`` (:func:`~.compare.diff.diff`'s rules and
     tolerances). A transform that cannot have made ``out`` is refused (``ValueError``): a
     ``strip_prefix`` for an output that is not safetensors (only that target renames), a prefix
     that starts no kept name; a selection that keeps nothing is refused as conversion refuses it."""

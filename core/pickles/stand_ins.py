@@ -2,8 +2,8 @@
 
 torch's weights-only allow-list (``torch.load(weights_only=True)``): containers, numbers, strings,
 dtypes, storage classes and torch's tensor-rebuild functions. Here each rebuild function returns a
-:class:`~._refs.TensorRef` -- validated, never allocated -- and each storage reference a
-:class:`~._refs.StorageRef` (:class:`LazyStorages`). Kinds of tensor DCP Studio cannot read
+:class:`~.refs.TensorRef` -- validated, never allocated -- and each storage reference a
+:class:`~.refs.StorageRef` (:class:`LazyStorages`). Kinds of tensor DCP Studio cannot read
 (quantized, sparse, nested, subclasses) and tensor classes that build uninitialised memory raise
 one-line errors.
 """
@@ -101,8 +101,8 @@ class TensorType:
 
 
 def _rebuild_wrapper_subclass(cls: Any, dtype: Any, *args: Any) -> Any:
-    """A DTensor's wrapper (:class:`~._dtensor.DTensorRef`), or any other subclass's description
-    (:class:`~._subclass.SubclassRef`); either is filled by its state."""
+    """A DTensor's wrapper (:class:`~.dtensor.DTensorRef`), or any other subclass's description
+    (:class:`~.subclass.SubclassRef`); either is filled by its state."""
     if len(args) != 6:
         raise CorruptCheckpointError("damaged tensor subclass in pickle")
     size, stride, _offset, _layout, _device, requires_grad = args

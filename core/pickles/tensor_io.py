@@ -1,4 +1,4 @@
-"""From a :class:`~._refs.TensorRef` to what a writer or a viewer needs: the tensor's row-major
+"""From a :class:`~.refs.TensorRef` to what a writer or a viewer needs: the tensor's row-major
 bytes (copied in the kernel when they lie in place, read when not) or a torch tensor.
 
 Only the paths that compute something -- a non-contiguous view, a dtype cast, a value for display

@@ -1,7 +1,7 @@
 """Walking the nested containers of a state dict (dicts, lists, tuples, named tuples), and
 flattening it to DCP's keys exactly as ``torch.distributed.checkpoint`` does -- without torch.
 
-Tensors are :class:`~._refs.TensorRef` descriptions or real ``torch.Tensor`` objects.
+Tensors are :class:`~.refs.TensorRef` descriptions or real ``torch.Tensor`` objects.
 """
 
 from __future__ import annotations

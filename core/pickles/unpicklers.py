@@ -5,13 +5,13 @@ Two pickles occur in checkpoints:
 * torch.save's ``data.pkl`` (whole files, every DCP tensor chunk and byte item). It is read with
   the allow-list of ``torch.load(weights_only=True)``: containers, numbers, strings, dtypes and
   torch's tensor-rebuild functions -- each resolved here to a stand-in from
-  :mod:`dcpstudio.core.pickles.refs` that *describes* the tensor (:class:`~._refs.TensorRef`) instead of
+  :mod:`dcpstudio.core.pickles.refs` that *describes* the tensor (:class:`~.refs.TensorRef`) instead of
   building it. Nothing the pickle names outside the list is looked up. A storage reference becomes
-  a :class:`~._refs.StorageRef`; its bytes are read only when a value is asked for.
+  a :class:`~.refs.StorageRef`; its bytes are read only when a value is asked for.
 * DCP's ``.metadata``: torch's metadata dataclasses, read into light records with the same
   restriction (:func:`load_light_metadata`).
 
-The allow-list and its stand-ins are in :mod:`._stand_ins`. ``trust=True`` keeps the stand-ins
+The allow-list and its stand-ins are in :mod:`.stand_ins`. ``trust=True`` keeps the stand-ins
 but lets any other name be imported (full pickle semantics) for inputs the user vouches for; the
 callers warn when they do.
 
@@ -146,7 +146,7 @@ def _load(
     trust: bool,
     storages: LazyStorages | None = None,
 ) -> Any:
-    """Scan the stream (:mod:`._pickle_guard`), then unpickle it with ``allowed`` globals."""
+    """Scan the stream (:mod:`.guard`), then unpickle it with ``allowed`` globals."""
     info = scan(data, label)
 
     def run() -> Any:

@@ -7,8 +7,8 @@ data, no code from pickles), builds *global* metadata -- one whole chunk per ten
 broadcasts it, so every rank plans its own shards against the same truth (DTensor targets on any
 mesh, uneven splits, replicas, non-tensor values). In ``read_data``, ranks that see the same files
 read their own regions; for the others the coordinator streams: a worker thread reads entry
-``i + 1`` -- each distinct region once, by range (:mod:`._regions`) -- into one of two reused
-buffers while entry ``i`` goes to every rank at once (:mod:`._transfer`), so it holds at most two
+``i + 1`` -- each distinct region once, by range (:mod:`.regions`) -- into one of two reused
+buffers while entry ``i`` goes to every rank at once (:mod:`.transfer`), so it holds at most two
 entries' regions. A failure on the coordinator is sent to every rank that still waits, so no rank
 is left blocked.
 

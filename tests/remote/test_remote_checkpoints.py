@@ -25,7 +25,7 @@ from tests.remote.conftest import HTTPRoot, one_line_error, run_cli
 from tests.remote.servers import Request, S3Server
 
 KiB, MiB = 2**10, 2**20
-READ_AHEAD = 256 * KiB  # core._remote_io.BLOCK: what one small read fetches at most
+READ_AHEAD = 256 * KiB  # core.io.remote.files.BLOCK: what one small read fetches at most
 
 
 def _span(r: Request) -> tuple[int, int]:

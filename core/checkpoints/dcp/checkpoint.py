@@ -56,8 +56,8 @@ __all__ = ["DCPCheckpoint"]
 class DCPCheckpoint(Checkpoint):
     """A large ``.metadata`` opens from its head (names, dtypes, shapes) while a child process parses
     its storage index into a :class:`DCPIndex` (taken on first use; kept in the user's cache,
-    :mod:`.._index_cache`, from where the unchanged ``.metadata`` opens next time with no pickle
-    read). Both parses take torch's records in bulk when they can (:mod:`.dcp_fast`). Chunk tables
+    :mod:`...io.index_cache`, from where the unchanged ``.metadata`` opens next time with no pickle
+    read). Both parses take torch's records in bulk when they can (:mod:`.fast`). Chunk tables
     are checked when first asked for. ``full_index``: the storage index at once, no head first."""
 
     format: Format = "dcp"

@@ -1,4 +1,4 @@
-"""A large DCP ``.metadata`` parsed in a child process (:mod:`.dcp_index_child`), seen from the
+"""A large DCP ``.metadata`` parsed in a child process (:mod:`.index_child`), seen from the
 parent: started with the bytes the parent read, waited for with a timeout, stopped when its
 result is no longer wanted. Why a child at all: see :func:`build_in_child`."""
 
@@ -55,7 +55,7 @@ def parse_in_child(size: int) -> bool:
 
 def build_in_child(data: bytes, label: str) -> tuple[DCPIndex, dict[str, Entry]] | None:
     """The index (and entries) of the ``.metadata`` bytes ``data``, parsed by a child process
-    (:mod:`.dcp_index_child`): unpickling a large ``.metadata`` makes millions of Python objects
+    (:mod:`.index_child`): unpickling a large ``.metadata`` makes millions of Python objects
     (~1.4 GB at the peak for 100,000 tensors) and spends seconds in C code that holds the GIL, so a
     window's GUI thread would stutter however the work is sliced; in a child none of it touches the
     caller. The child is handed the very bytes this process read (and keyed the cache by), never the

@@ -17,7 +17,7 @@ references -- only names and integers differing. Those records are nearly all of
 3. That is the real parse only if each run is executed by the unpickler as the opcodes its pattern
    describes. The runs are found by a search over raw bytes, which also finds record-shaped bytes
    inside an argument (a ``BINBYTES`` whose length covers them) or across a protocol-4 frame's end; so
-   one walk of the stream's opcodes (:func:`~.._pickle_guard.lands_on`) must land on every run's first
+   one walk of the stream's opcodes (:func:`~...pickles.guard.lands_on`) must land on every run's first
    and last byte and on every frame start, and a pattern is made of whole opcodes only. Then: every id
    (runs, and one at each frame boundary) must load exactly once, where a run belongs; no placeholder
    or run may stay reachable from the result; the stream may store its memo only by MEMOIZE (appends:

@@ -1,6 +1,6 @@
-"""How :mod:`.dcp_fast` takes a DCP ``.metadata`` pickle apart: the byte patterns of its records
+"""How :mod:`.fast` takes a DCP ``.metadata`` pickle apart: the byte patterns of its records
 (learnt from the stream), the runs of them cut out, and the remainder -- with a placeholder and an id
-where each run was -- unpickled restricted and checked to be the real parse (see :mod:`.dcp_fast`)."""
+where each run was -- unpickled restricted and checked to be the real parse (see :mod:`.fast`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The child process that parses a large DCP ``.metadata`` and hands back only its index (the
-parent side is :func:`.dcp_children.build_in_child`).
+parent side is :func:`.children.build_in_child`).
 
 Unpickling a ``.metadata`` that lists 100,000 tensors makes millions of Python objects: ~1.4 GB at
 its peak, and seconds in C code that holds the GIL (the C unpickler; freeing the objects) -- a
 window's GUI thread stutters meanwhile however the work is sliced. In a child process none of that
 touches the caller: the child runs the same restricted parse and checks
-(:func:`.dcp_metadata.index_from_bytes`) on the very bytes the parent read, handed over as its
+(:func:`.metadata.index_from_bytes`) on the very bytes the parent read, handed over as its
 stdin (it never opens the checkpoint: the folder may have changed since), and writes the index in
 its pickle-free serialised form to its stdout; the parent reads it back as it reads the index
 cache, and checks that it lists the entries it opened. A refusal in the child (an unsafe pickle,

@@ -186,7 +186,7 @@ def store_index(md_path: Any, index: DCPIndex, key: dict[str, Any] | None) -> No
 
 def index_from_bytes(data: bytes, label: str) -> DCPIndex:
     """The whole storage index of the ``.metadata`` bytes ``data``: the bulk parse when it takes the
-    stream, the generic one otherwise (as :class:`~.dcp.DCPCheckpoint` parses it in-process)."""
+    stream, the generic one otherwise (as :class:`~.checkpoint.DCPCheckpoint` parses it in-process)."""
     with gc_paused(), damage_named(label):
         found = fast_index(data, label)
         if found is not None:
@@ -196,7 +196,7 @@ def index_from_bytes(data: bytes, label: str) -> DCPIndex:
 
 
 def open_fast(data: bytes, label: str, trust: bool) -> tuple[dict[str, Entry], Head | None, DCPIndex | None] | None:
-    """A large ``.metadata`` opened by :mod:`.dcp_fast`: its entries with its head (the storage index
+    """A large ``.metadata`` opened by :mod:`.fast`: its entries with its head (the storage index
     parsed when first used), or -- in the child that parses it for a caller -- with its whole index.
     None when that parser does not take the stream (the generic parse then does)."""
     if trust or len(data) <= HEAD_ONLY_ABOVE:
@@ -209,7 +209,7 @@ def open_fast(data: bytes, label: str, trust: bool) -> tuple[dict[str, Entry], H
 
 
 def full_after_head(data: bytes, label: str, head: Head) -> tuple[DCPIndex, dict[str, Entry]]:
-    """The whole index of a ``.metadata`` opened from its :class:`~.dcp_fast.Head` (in this process),
+    """The whole index of a ``.metadata`` opened from its :class:`~.fast.Head` (in this process),
     which must say what its head said."""
     found = fast_index(data, label)
     if found is None:  # the generic parse (which reports what is wrong, if anything)

@@ -1,7 +1,7 @@
 """torch's own storage layer for DCP directories, made safe and fast: use these with
 ``torch.distributed.checkpoint.load`` / ``save``.
 
-:class:`DCPReader` and :class:`DCPWriter` (:mod:`.dcp_writer`) subclass torch's
+:class:`DCPReader` and :class:`DCPWriter` (:mod:`.writer`) subclass torch's
 ``FileSystemReader`` / ``FileSystemWriter`` and keep their on-disk format. What the reader changes:
 
 * the ``.metadata`` pickle is read with an allow-list of DCP's metadata classes (no code from the

@@ -4,7 +4,7 @@
 
 The code that undoes a transform is the caller's, never the checkpoint's: a checkpoint only names
 descriptors, which the caller's registry maps to classes. Without a registry, readers keep to the
-built-in transforms (:func:`~.dcp.decode_item`: zstd). What a transform produces is bounded like
+built-in transforms (:func:`~.files.decode_item`: zstd). What a transform produces is bounded like
 any decompression: past ``limit`` bytes the item is refused.
 """
 

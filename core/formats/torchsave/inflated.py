@@ -1,7 +1,7 @@
 """The deflated records of one ZIP archive, inflated on demand and never past what they may hold.
 
 torch.save stores every record as it is; archives other tools repack may deflate some. Each is
-inflated in bounded blocks (:func:`._zip.inflate`) into where it goes: a whole small record
+inflated in bounded blocks (:func:`.zip.inflate`) into where it goes: a whole small record
 (``data.pkl``) into memory, a storage of an archive in memory into its buffer, a storage of a file
 into an unlinked temporary file -- inflated once, then copied and read from there like a stored
 record, so a record that inflates to gigabytes never sits in memory unless a caller asks for all of

@@ -1,4 +1,4 @@
-"""Just enough ZIP to read torch.save archives record by record (:mod:`._zip_writer` writes them).
+"""Just enough ZIP to read torch.save archives record by record (:mod:`.zip_writer` writes them).
 
 torch.save writes an uncompressed ZIP whose records live under one top-level folder and whose
 tensor data starts on 64-byte boundaries. We locate each record's data in the file so a storage

@@ -1,5 +1,5 @@
-"""The remote stores' plumbing under :mod:`._remote`: URLs, one-line errors, what is worth a
-retry, and the counters of what was fetched (file systems and retries: :mod:`._remote_calls`).
+"""The remote stores' plumbing under :mod:`.locations`: URLs, one-line errors, what is worth a
+retry, and the counters of what was fetched (file systems and retries: :mod:`.calls`).
 
 fsspec and the backend of each store (s3fs, gcsfs, adlfs, huggingface_hub; aiohttp for HTTP) are
 optional extras, imported when a URL is first used: a missing one is named in a one-line error.

@@ -4,8 +4,8 @@ Every reader in this package reads through a file object: a local one (``preadv`
 descriptor) or a :class:`RemoteFile`, whose ``pread`` fetches exactly the byte ranges asked for.
 :class:`RemotePath` offers the part of :class:`pathlib.Path` the readers and writers use (``/``,
 ``name``, ``is_dir``, ``iterdir``, ``stat``...), so the format code does not care where a
-checkpoint lives. The plumbing is below: URLs and errors in :mod:`._remote_fs`, file systems, retries and
-deadlines in :mod:`._remote_calls`, bounded range reads in :mod:`._remote_stream`.
+checkpoint lives. The plumbing is below: URLs and errors in :mod:`.fs`, file systems, retries and
+deadlines in :mod:`.calls`, bounded range reads in :mod:`.stream`.
 """
 
 from __future__ import annotations

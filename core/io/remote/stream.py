@@ -6,7 +6,7 @@ its body (a 206 must carry the range asked for; a Content-Length beyond it, a 20
 a large object, or compressed bytes are refused as a server that does not honour ``Range``), and
 it is cut off at the range. A small object (<= :data:`SMALL_OBJECT`) whose server ignores ranges
 is read from its start up to the range's end instead. The time is bounded by the operation's
-:class:`~._remote_calls.Clock` (deadline and minimum rate). Other backends (GCS, Azure, the
+:class:`~.calls.Clock` (deadline and minimum rate). Other backends (GCS, Azure, the
 Hub) read by their SDK's ranged call under the same deadline, its length checked.
 
 A conversion reads a file's records in order. Asking for each record by range costs a request's

@@ -274,7 +274,7 @@ def convert(
     drops a prefix from names. For DCP targets, ``files`` spreads the data over that many files
     and ``max_file_size`` keeps each file under a size (one file by default). An output many times
     larger than what the source stores (one storage under many names) is refused with
-    :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`._fanout`). Patterns that keep
+    :class:`ExpansionError` unless ``allow_expansion`` (see :mod:`.fanout`). Patterns that keep
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
     matches nothing while others select is warned about (and listed in the result's notes).
     Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors

@@ -1,7 +1,7 @@
 """The total output bound: what a conversion will write, summed over all its entries, against what
 its source stores.
 
-Each entry's own expansion is judged where it is read (:func:`~.model.refuse_expanded`), but a
+Each entry's own expansion is judged where it is read (:func:`~...checkpoints.model.refuse_expanded`), but a
 small storage viewed under many names passes that test name by name: one 16 MiB storage under
 1,024 names is a 16 GiB safetensors file. So, before anything is written, the output's bytes are
 summed over every entry -- counting a storage once where the target keeps storages shared

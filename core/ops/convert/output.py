@@ -1,9 +1,9 @@
 """The floor under every converter: what a conversion returns, where it may write, and the three
-streaming writers -- torch.save, DCP, safetensors -- fed with :class:`~._refs.TensorRef` tensors.
+streaming writers -- torch.save, DCP, safetensors -- fed with :class:`~...pickles.refs.TensorRef` tensors.
 
 Each writer computes the next tensor's bytes on a helper thread while the current one is written,
 copies bytes that lie verbatim in a source file inside the kernel, reports progress per tensor,
-and writes into an atomic temporary (see :mod:`._atomic`): the destination appears only complete
+and writes into an atomic temporary (see :mod:`...io.atomic`): the destination appears only complete
 and fsynced. None of this imports torch; a cast or a non-contiguous view does, when met.
 """
 

@@ -2,10 +2,10 @@
 dtype it casts them to -- and the source seen through it.
 
 :class:`Transform` is the one place these rules live: :func:`~.convert.convert` writes with it and
-:func:`~.verify.verify` reads the source through it (:class:`Transformed`), so an output is checked
+:func:`~..verify.verify` reads the source through it (:class:`Transformed`), so an output is checked
 against exactly what its conversion meant to write, not against the whole, uncast source. Nothing
 is recorded in the outputs, so the same options are given again (the CLI's flags mirror convert's;
-the window keeps those of its last conversion in the :class:`~._output.ConversionResult`).
+the window keeps those of its last conversion in the :class:`~.output.ConversionResult`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The tensor is read block by block (row-major boxes of at most ``budget`` bytes, through
 :meth:`Checkpoint.read_tensor`) and each block is written as soon as it is read, so memory stays
 bounded whatever the tensor's size. The file is written into an atomic temporary (see
-:mod:`._atomic`): it appears only complete and fsynced, and a cancelled export leaves nothing.
+:mod:`...io.atomic`): it appears only complete and fsynced, and a cancelled export leaves nothing.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ _SUB = 1 << 20  # elements counted at once: histc's float copy of a block stays 
 
 def binnable(raw: torch.Tensor) -> torch.Tensor:
     """A flat view (or small copy) of ``raw`` in a dtype torch's reductions accept, values exact;
-    complex values by magnitude, packed float4 by its values (:func:`~._tensor_io.numeric`)."""
+    complex values by magnitude, packed float4 by its values (:func:`~...pickles.tensor_io.numeric`)."""
     import torch
 
     x = numeric(raw).reshape(-1)

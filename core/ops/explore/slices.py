@@ -103,7 +103,7 @@ def display_cells(t: torch.Tensor) -> Any:
     """``t``'s values as nested Python lists, one cell per torch element (``t.tolist()``'s shape),
     exact: half and 8-bit floats as float32, ``complex32`` as ``complex64``, and each element of a
     packed dtype (``float4_e2m1fn_x2``: a byte of two 4-bit floats, on which torch has no cast) as
-    the tuple of its values, low nibble first (:func:`~._tensor_io.numeric`). Every pane that shows
+    the tuple of its values, low nibble first (:func:`~...pickles.tensor_io.numeric`). Every pane that shows
     values calls this, so a cell means the same element everywhere."""
     import torch
 
@@ -135,7 +135,7 @@ class SliceSummary:
     """A whole slice, summarised: ``heat[i][j]`` is the mean of the finite values in row bin ``i``
     and column bin ``j`` (NaN when it has none); bins split rows at ``row_edges`` and columns at
     ``col_edges``. The histogram counts finite values between ``hist_edges``. Values are those
-    :func:`~._histogram.binnable` gives: both values of a packed element (``float4_e2m1fn_x2``)
+    :func:`~.histogram.binnable` gives: both values of a packed element (``float4_e2m1fn_x2``)
     count, in the cell's heat bin and in ``count``, as Details' statistics count them."""
 
     spec: SliceSpec
@@ -168,7 +168,7 @@ def summarise_slice(
 ) -> SliceSummary:
     """Heatmap, range and histogram of a slice, reading it in strips of rows of at most ``budget``
     bytes (twice: the histogram needs the range). Complex values are summarised by magnitude. The
-    histogram is binned as :func:`~.stats.tensor_stats` bins it (:mod:`._histogram`): a 2-D
+    histogram is binned as :func:`~.stats.tensor_stats` bins it (:mod:`.histogram`): a 2-D
     tensor's whole slice gets the bins and counts Details shows for the tensor."""
     import torch
 
