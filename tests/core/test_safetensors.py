@@ -124,9 +124,18 @@ def test_dtype_cast_touches_floating_tensors_only(sources: dict[str, Path], tmp_
 
 
 def test_values_that_are_not_json_are_named_in_the_warning(tmp_path: Path) -> None:
-    torch.save({"w": torch.ones(2), "pair": (torch.ones(1), 3), "n": 4}, tmp_path / "a.pt")
-    with pytest.warns(UserWarning, match=r"stored 1 value.*left out 1 non-JSON value\(s\): pair"):
+    torch.save({"w": torch.ones(2), "c": 1 + 2j, "n": 4}, tmp_path / "a.pt")
+    with pytest.warns(UserWarning, match=r"stored 1 value.*left out 1 non-JSON value\(s\): c"):
         convert(tmp_path / "a.pt", tmp_path / "a.safetensors", to="safetensors")
+
+
+def test_a_value_holding_a_tensor_is_refused_not_left_out(tmp_path: Path) -> None:
+    """A tensor inside a value cannot go to safetensors: the conversion refuses, it never drops it
+    (issue 26, item 3)."""
+    torch.save({"w": torch.ones(2), "pair": (torch.ones(1), 3)}, tmp_path / "a.pt")
+    with pytest.raises(DCPStudioError, match=r"'pair' is a tuple value holding 1 tensor"):
+        convert(tmp_path / "a.pt", tmp_path / "a.safetensors", to="safetensors")
+    assert leftovers(tmp_path) == []
 
 
 def test_bad_options_and_destinations(sources: dict[str, Path], tmp_path: Path) -> None:
