@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from ..checkpoints.opening import open_checkpoint
 from ..progress import CancelToken, ProgressCallback
+from ..units import exact_count
 from .compare.diff import PAIR_BUDGET, DiffReport, diff
 from .convert.transform import Transform, Transformed
 from .report import diff_json, diff_text
@@ -42,7 +43,8 @@ class Verification:
         """The line that says what A is, empty when it is the whole source as stored."""
         if self.transform.identity:
             return ""
-        return f"A is the source through {self.transform.flags()}: {self.kept} of {self.entries} entries"
+        kept, entries = exact_count(self.kept), exact_count(self.entries)
+        return f"A is the source through {self.transform.flags()}: {kept} of {entries} entries"
 
     def text(self, limit: int | None = None) -> str:
         """:func:`~.report.diff_text`'s summary first, then what A is, then each difference."""

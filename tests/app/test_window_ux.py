@@ -413,55 +413,6 @@ def test_messages_and_busy_states_do_not_move_the_buttons(qtbot: Any, window: Ma
     assert where() == before
 
 
-# the whole journey, keyboard only, on a 1,000-entry checkpoint ----------------------------------------
-def test_find_inspect_slice_compare_and_convert_with_the_keyboard_only(
-    qtbot: Any, window: MainWindow, tmp_path: Path
-) -> None:
-    g = torch.Generator().manual_seed(0)
-    state = {f"layers.{i}.w{j}": torch.randn(8, 6, generator=g) for i in range(100) for j in range(10)}
-    torch.save(state, tmp_path / "a.pt")
-    w3 = state["layers.7.w3"]
-    state["layers.7.w3"] = w3 + 1
-    torch.save(state, tmp_path / "b.pt")
-    window.activateWindow()
-    window.open_path(tmp_path / "a.pt")  # File › Open is the usual keyboard-driven file dialog
-    qtbot.waitUntil(lambda: window.ckpt is not None, timeout=20_000)
-    assert window.tree_pane.match_label.text() == "1,000 entries"
-
-    def keys(*presses: Any) -> None:
-        for press in presses:
-            key, mods = press if isinstance(press, tuple) else (press, Qt.KeyboardModifier.NoModifier)
-            target = QGuiApplication.focusObject() or window
-            QTest.keyClick(target, key, mods)  # type: ignore[arg-type]
-
-    ctrl = Qt.KeyboardModifier.ControlModifier
-    keys((Qt.Key.Key_F, ctrl))  # Find
-    assert window.filter_box.hasFocus()
-    QTest.keyClicks(window.filter_box, "layers.7.w3")
-    qtbot.waitUntil(lambda: window.tree_pane.match_label.text() == "1 of 1,000 entries match", timeout=5000)
-    keys(*[Qt.Key.Key_Tab] * 5)  # past .*, dtype, shape and the filter pin to the tree
-    assert window.tree.hasFocus()
-    keys(Qt.Key.Key_Down, Qt.Key.Key_Down, Qt.Key.Key_Down)  # layers, 7, w3
-    assert window.selected_node().path == "layers.7.w3"
-    keys((Qt.Key.Key_E, ctrl))  # Explore values
-    assert window.explorer.table.hasFocus() and window.explorer.fqn == "layers.7.w3"
-    qtbot.waitUntil(lambda: window.explorer.model.loaded(0, 0), timeout=20_000)
-    keys(Qt.Key.Key_Right, (Qt.Key.Key_Right, Qt.KeyboardModifier.ShiftModifier), (Qt.Key.Key_C, ctrl))
-    finish(qtbot, window, "explore-copy")
-    assert [float(v) for v in QGuiApplication.clipboard().text().split(",")] == w3[0, 1:3].tolist()
-    keys((Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier))  # the Compare view
-    assert window.compare_view.b_path.hasFocus()
-    QTest.keyClicks(window.compare_view.b_path, str(tmp_path / "b.pt"))
-    keys(Qt.Key.Key_Return)
-    finish(qtbot, window, "compare")
-    statuses = {r.fqn: r.status for r in window.compare_view.model.rows}
-    assert len(statuses) == 1000 and [k for k, s in statuses.items() if s != "equal"] == ["layers.7.w3"]
-    window.choose_destination = lambda t, s: tmp_path / "a_dcp"  # type: ignore[method-assign]
-    keys((Qt.Key.Key_1, ctrl))  # Convert to DCP
-    finish(qtbot, window, "convert")
-    assert (tmp_path / "a_dcp" / ".metadata").is_file()
-
-
 def test_read_me_shows_no_broken_picture_and_no_sideways_scrolling(qtbot: Any, window: MainWindow) -> None:
     """The README's pictures are not installed: their captions show instead; code lines wrap at the
     dialog's width (issue 25, item 14)."""

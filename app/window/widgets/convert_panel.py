@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import ConversionResult, DiffReport, ExpansionError, convert
 from dcpstudio.core.ops.convert.convert import parse_size
-from dcpstudio.core.ops.report import human_bytes
+from dcpstudio.core.ops.report import human_bytes, plural
 from dcpstudio.core.ops.verify import Verification, verify
 
 from ..context import Context
@@ -305,7 +305,8 @@ class ConvertPanel(QWidget):
     def _converted(self, result: ConversionResult, cast: object) -> None:
         self.last_result = result
         self.outcome.show_outcome(
-            f"Wrote {result.dst} ({result.target}): {result.tensors} tensors, {human_bytes(result.tensor_bytes)}"
+            f"Wrote {result.dst} ({result.target}): {plural(result.tensors, 'tensor')}, "
+            f"{human_bytes(result.tensor_bytes)}"
             + (f", floating-point tensors cast to {cast}" if cast else "")
             + "."
             + "".join(f"\n{note}" for note in result.notes),
