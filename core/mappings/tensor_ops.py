@@ -52,6 +52,11 @@ def _one(metas: Sequence[Meta], op: Op) -> Meta:
     return metas[0]
 
 
+def _each(fn: Callable[[Sequence[Meta], Op], list[Meta]]) -> Callable[[Sequence[Meta], Op], list[Meta]]:
+    """A one-tensor operation applied to every tensor of the list (a split's parts, each permuted)."""
+    return lambda metas, op: [out for m in metas for out in fn([m], op)]
+
+
 def _rows_by_heads(metas: Sequence[Meta], op: Op) -> list[Meta]:
     shape, dtype = _one(metas, op)
     heads = op.args["heads"]
@@ -145,15 +150,13 @@ def _block(op: Op) -> tuple[int, int]:
 
 
 def _permute(ts: list[torch.Tensor], op: Op) -> list[torch.Tensor]:
-    (w,) = ts
-    h, (rows, cols) = op.args["heads"], w.shape
-    return [w.reshape(h, rows // h // 2, 2, cols).transpose(1, 2).reshape(rows, cols)]
+    h = op.args["heads"]
+    return [w.reshape(h, w.shape[0] // h // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape) for w in ts]
 
 
 def _unpermute(ts: list[torch.Tensor], op: Op) -> list[torch.Tensor]:
-    (w,) = ts
-    h, (rows, cols) = op.args["heads"], w.shape
-    return [w.reshape(h, 2, rows // h // 2, cols).transpose(1, 2).reshape(rows, cols)]
+    h = op.args["heads"]
+    return [w.reshape(h, 2, w.shape[0] // h // 2, w.shape[1]).transpose(1, 2).reshape(w.shape) for w in ts]
 
 
 def _dequant(ts: list[torch.Tensor], op: Op) -> list[torch.Tensor]:
@@ -178,9 +181,9 @@ def _torch() -> Any:
 
 Apply = Callable[[list["torch.Tensor"], Op], list["torch.Tensor"]]
 OPS: dict[str, tuple[Callable[[Sequence[Meta], Op], list[Meta]], Apply]] = {
-    "permute": (_rows_by_heads, _permute),
-    "unpermute": (_rows_by_heads, _unpermute),
-    "transpose": (_transpose_shape, lambda ts, op: [ts[0].transpose(*op.args.get("dims", (0, 1)))]),
+    "permute": (_each(_rows_by_heads), _permute),
+    "unpermute": (_each(_rows_by_heads), _unpermute),
+    "transpose": (_each(_transpose_shape), lambda ts, op: [t.transpose(*op.args.get("dims", (0, 1))) for t in ts]),
     "split": (_split_shape, lambda ts, op: list(ts[0].split(list(op.args["sizes"]), op.args.get("dim", 0)))),
     "concat": (_concat_shape, lambda ts, op: [_torch().cat(ts, op.args.get("dim", 0))]),
     "unstack": (_unstack_shape, lambda ts, op: list(ts[0].unbind(op.args.get("dim", 0)))),
