@@ -29,7 +29,9 @@ def check_mapping_flags(args: argparse.Namespace) -> bool:
         raise UsageError("--mapping needs --config: the model's Hugging Face config.json (heads, layers, experts)")
     for flag in _EXCLUSIVE:
         if getattr(args, flag, None) not in (None, False):
-            raise UsageError(f"--{flag.replace('_', '-')} does not combine with --mapping (the mapping says what is written)")
+            raise UsageError(
+                f"--{flag.replace('_', '-')} does not combine with --mapping (the mapping says what is written)"
+            )
     return True
 
 
@@ -50,7 +52,7 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         max_shard_size=getattr(args, "max_shard_size", None),
-        progress=bar,  # type: ignore[arg-type]
+        progress=bar,
     )
     if args.dry_run:
         print(done.plan.text())
@@ -61,9 +63,11 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
         r = done.result
         assert r is not None
         extra = f"; copied {', '.join(done.assets)}" if done.assets else ""
-        print(f"wrote {r.dst} ({r.target}, {done.plan.target} names via {done.plan.mapping.name}): "
-              f"{plural(r.tensors, 'tensor')}, {human_bytes(r.tensor_bytes)} in {time.monotonic() - start:.2f} s"
-              f"{extra}")  # fmt: skip
+        print(
+            f"wrote {r.dst} ({r.target}, {done.plan.target} names via {done.plan.mapping.name}): "
+            f"{plural(r.tensors, 'tensor')}, {human_bytes(r.tensor_bytes)} in {time.monotonic() - start:.2f} s"
+            f"{extra}"
+        )
     return 0
 
 
@@ -75,12 +79,27 @@ def run_map_verify(args: argparse.Namespace, bar: object) -> int:
 
     if args.rtol or args.atol:
         raise UsageError("--rtol/--atol do not apply with --mapping: a mapping moves values, so they compare exactly")
-    plan, report = map_verify(args.a, args.b, args.mapping, args.config, allow_unmapped=args.allow_unmapped,
-                              trust_pickle=args.trust_pickle, progress=bar)  # type: ignore[arg-type]  # fmt: skip
+    plan, report = map_verify(
+        args.a,
+        args.b,
+        args.mapping,
+        args.config,
+        allow_unmapped=args.allow_unmapped,
+        trust_pickle=args.trust_pickle,
+        progress=bar,
+    )
     through = f"A is the source through {plan.mapping.name} ({plan.target} names): {len(plan.outputs)} entries"
     if args.json:
-        print(json.dumps({**diff_json(report), "mapping": plan.mapping.name, "direction": plan.direction,
-                          "mapped_entries": len(plan.outputs)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    **diff_json(report),
+                    "mapping": plan.mapping.name,
+                    "direction": plan.direction,
+                    "mapped_entries": len(plan.outputs),
+                }
+            )
+        )
     else:
         first, *rest = diff_text(report, None if args.all else LIST_LIMIT).split("\n")
         print("\n".join([first, through, *plan.notes(), *rest]))

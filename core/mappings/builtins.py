@@ -23,8 +23,11 @@ __all__ = ["BUILTINS", "builtin"]
 
 _TRAINING = ["^optimizer(\\.|$)", "^lr_scheduler(\\.|$)", "^dataloader(\\.|$)", "^train_state(\\.|$)"]
 _HEAD = {"sides": ["torchtitan", "hf"], "ignore": _TRAINING, "drop": ["\\.rotary_emb\\.inv_freq$"]}
-_DEFAULTS = {"num_key_value_heads": "num_attention_heads", "head_dim": "hidden_size // num_attention_heads",
-             "tie_word_embeddings": 0}  # fmt: skip
+_DEFAULTS = {
+    "num_key_value_heads": "num_attention_heads",
+    "head_dim": "hidden_size // num_attention_heads",
+    "tie_word_embeddings": 0,
+}
 _Q, _KV = "num_attention_heads * head_dim", "num_key_value_heads * head_dim"
 _L, _H = "layers.{layer}.", "model.layers.{layer}."
 
@@ -39,9 +42,13 @@ def _ends(vocab: str = "vocab_size") -> list[dict[str, Any]]:
         _r("tok_embeddings.weight", "model.embed_tokens.weight", [vocab, "hidden_size"]),
         _r("norm.weight", "model.norm.weight", ["hidden_size"]),
         _r("lm_head.weight", "lm_head.weight", [vocab, "hidden_size"], when="not tie_word_embeddings"),
-        {"src": "lm_head.weight", "tie": "model.embed_tokens.weight", "shape": [vocab, "hidden_size"],
-         "when": "tie_word_embeddings"},
-    ]  # fmt: skip
+        {
+            "src": "lm_head.weight",
+            "tie": "model.embed_tokens.weight",
+            "shape": [vocab, "hidden_size"],
+            "when": "tie_word_embeddings",
+        },
+    ]
 
 
 def _norms() -> list[dict[str, Any]]:
@@ -73,27 +80,41 @@ def _experts(count: str, size: str, where: str) -> list[dict[str, Any]]:
 
 
 _LLAMA3: dict[str, Any] = {
-    "mapping": {"name": "torchtitan-llama3", "description": "torchtitan Llama 3 <-> Hugging Face LlamaForCausalLM",
-                **_HEAD},  # fmt: skip
+    "mapping": {
+        "name": "torchtitan-llama3",
+        "description": "torchtitan Llama 3 <-> Hugging Face LlamaForCausalLM",
+        **_HEAD,
+    },
     "defaults": _DEFAULTS,
     "ranges": {"layer": "num_hidden_layers"},
     "rule": [
         *_ends(),
-        _r(_L + "attention.qkv_linear.wq.weight", _H + "self_attn.q_proj.weight", [_Q, "hidden_size"],
-           ops=[{"op": "permute", "heads": "num_attention_heads"}]),
-        _r(_L + "attention.qkv_linear.wk.weight", _H + "self_attn.k_proj.weight", [_KV, "hidden_size"],
-           ops=[{"op": "permute", "heads": "num_key_value_heads"}]),
+        _r(
+            _L + "attention.qkv_linear.wq.weight",
+            _H + "self_attn.q_proj.weight",
+            [_Q, "hidden_size"],
+            ops=[{"op": "permute", "heads": "num_attention_heads"}],
+        ),
+        _r(
+            _L + "attention.qkv_linear.wk.weight",
+            _H + "self_attn.k_proj.weight",
+            [_KV, "hidden_size"],
+            ops=[{"op": "permute", "heads": "num_key_value_heads"}],
+        ),
         _r(_L + "attention.qkv_linear.wv.weight", _H + "self_attn.v_proj.weight", [_KV, "hidden_size"]),
         _r(_L + "attention.wo.weight", _H + "self_attn.o_proj.weight", ["hidden_size", _Q]),
         *_norms(),
         *_mlp("feed_forward.", "intermediate_size"),
-    ],  # fmt: skip
+    ],
 }
 
 _QWEN3_MOE = "num_experts > 0 and (layer + 1) % decoder_sparse_step == 0"
 _QWEN3: dict[str, Any] = {
-    "mapping": {"name": "torchtitan-qwen3", "description": "torchtitan Qwen3 (dense and MoE) <-> Hugging Face "
-                "Qwen3ForCausalLM / Qwen3MoeForCausalLM", **_HEAD},  # fmt: skip
+    "mapping": {
+        "name": "torchtitan-qwen3",
+        "description": "torchtitan Qwen3 (dense and MoE) <-> Hugging Face Qwen3ForCausalLM / Qwen3MoeForCausalLM",
+        **_HEAD,
+    },
     "defaults": {**_DEFAULTS, "num_experts": 0, "decoder_sparse_step": 1, "moe_intermediate_size": 0},
     "ranges": {"layer": "num_hidden_layers"},
     "rule": [
@@ -112,35 +133,69 @@ _QWEN3: dict[str, Any] = {
 
 _DSV3_MOE = "layer >= first_k_dense_replace"
 _DSV3: dict[str, Any] = {
-    "mapping": {"name": "torchtitan-deepseek_v3", "description": "torchtitan DeepSeek-V3 <-> Hugging Face "
-                "DeepseekV3ForCausalLM (bf16/fp32 weights; fp8 sources: dequantise first)", **_HEAD},  # fmt: skip
-    "defaults": {"first_k_dense_replace": 0, "n_shared_experts": 1, "q_lora_rank": 0, "tie_word_embeddings": 0,
-                 "qk_head_dim": "qk_nope_head_dim + qk_rope_head_dim"},  # fmt: skip
+    "mapping": {
+        "name": "torchtitan-deepseek_v3",
+        "description": "torchtitan DeepSeek-V3 <-> Hugging Face "
+        "DeepseekV3ForCausalLM (bf16/fp32 weights; fp8 sources: dequantise first)",
+        **_HEAD,
+    },
+    "defaults": {
+        "first_k_dense_replace": 0,
+        "n_shared_experts": 1,
+        "q_lora_rank": 0,
+        "tie_word_embeddings": 0,
+        "qk_head_dim": "qk_nope_head_dim + qk_rope_head_dim",
+    },
     "ranges": {"layer": "num_hidden_layers"},
     "rule": [
         *_ends(),
-        _r(_L + "attention.wq.weight", _H + "self_attn.q_proj.weight",
-           ["num_attention_heads * qk_head_dim", "hidden_size"], when="not q_lora_rank"),
-        _r(_L + "attention.wq_a.weight", _H + "self_attn.q_a_proj.weight", ["q_lora_rank", "hidden_size"],
-           when="q_lora_rank"),
-        _r(_L + "attention.q_norm.weight", _H + "self_attn.q_a_layernorm.weight", ["q_lora_rank"],
-           when="q_lora_rank"),
-        _r(_L + "attention.wq_b.weight", _H + "self_attn.q_b_proj.weight",
-           ["num_attention_heads * qk_head_dim", "q_lora_rank"], when="q_lora_rank"),
-        _r(_L + "attention.wkv_a.weight", _H + "self_attn.kv_a_proj_with_mqa.weight",
-           ["kv_lora_rank + qk_rope_head_dim", "hidden_size"]),
+        _r(
+            _L + "attention.wq.weight",
+            _H + "self_attn.q_proj.weight",
+            ["num_attention_heads * qk_head_dim", "hidden_size"],
+            when="not q_lora_rank",
+        ),
+        _r(
+            _L + "attention.wq_a.weight",
+            _H + "self_attn.q_a_proj.weight",
+            ["q_lora_rank", "hidden_size"],
+            when="q_lora_rank",
+        ),
+        _r(_L + "attention.q_norm.weight", _H + "self_attn.q_a_layernorm.weight", ["q_lora_rank"], when="q_lora_rank"),
+        _r(
+            _L + "attention.wq_b.weight",
+            _H + "self_attn.q_b_proj.weight",
+            ["num_attention_heads * qk_head_dim", "q_lora_rank"],
+            when="q_lora_rank",
+        ),
+        _r(
+            _L + "attention.wkv_a.weight",
+            _H + "self_attn.kv_a_proj_with_mqa.weight",
+            ["kv_lora_rank + qk_rope_head_dim", "hidden_size"],
+        ),
         _r(_L + "attention.kv_norm.weight", _H + "self_attn.kv_a_layernorm.weight", ["kv_lora_rank"]),
-        _r(_L + "attention.wkv_b.weight", _H + "self_attn.kv_b_proj.weight",
-           ["num_attention_heads * (qk_nope_head_dim + v_head_dim)", "kv_lora_rank"]),
-        _r(_L + "attention.wo.weight", _H + "self_attn.o_proj.weight",
-           ["hidden_size", "num_attention_heads * v_head_dim"]),
+        _r(
+            _L + "attention.wkv_b.weight",
+            _H + "self_attn.kv_b_proj.weight",
+            ["num_attention_heads * (qk_nope_head_dim + v_head_dim)", "kv_lora_rank"],
+        ),
+        _r(
+            _L + "attention.wo.weight",
+            _H + "self_attn.o_proj.weight",
+            ["hidden_size", "num_attention_heads * v_head_dim"],
+        ),
         *_norms(),
         *_mlp("feed_forward.", "intermediate_size", f"not ({_DSV3_MOE})"),
         *_experts("n_routed_experts", "moe_intermediate_size", _DSV3_MOE),
         *_mlp("moe.shared_experts.", "moe_intermediate_size * n_shared_experts", _DSV3_MOE, "mlp.shared_experts."),
-        _r(_L + "moe.expert_bias_E", _H + "mlp.gate.e_score_correction_bias", ["n_routed_experts"],
-           where=_DSV3_MOE, optional=True),
-    ],  # fmt: skip
+        _r(
+            _L + "moe.expert_bias_E",
+            _H + "mlp.gate.e_score_correction_bias",
+            ["n_routed_experts"],
+            where=_DSV3_MOE,
+            optional=True,
+        ),
+    ],
 }
 
 BUILTINS: dict[str, dict[str, Any]] = {m["mapping"]["name"]: m for m in (_LLAMA3, _QWEN3, _DSV3)}

@@ -72,8 +72,10 @@ class Plan:
     def notes(self) -> list[str]:
         out = []
         if self.ignored:
-            out.append(f"left out {len(self.ignored)} {self.mapping.ignore_note} entries ({_few(self.ignored)}): "
-                       "only the model's entries are mapped")  # fmt: skip
+            out.append(
+                f"left out {len(self.ignored)} {self.mapping.ignore_note} entries ({_few(self.ignored)}): "
+                "only the model's entries are mapped"
+            )
         if self.unmatched:
             out.append(f"passed through {len(self.unmatched)} unmatched entries unchanged: {_few(self.unmatched)}")
         if self.missing:
@@ -82,7 +84,9 @@ class Plan:
 
     def text(self) -> str:
         """The dry run: one line per output, ``sources -> operations -> name shape dtype``."""
-        head = f"{self.mapping.name}: {self.mapping.target_side('inverse' if self.direction == 'forward' else 'forward')}"
+        head = (
+            f"{self.mapping.name}: {self.mapping.target_side('inverse' if self.direction == 'forward' else 'forward')}"
+        )
         lines = [f"{head} -> {self.target} names, {len(self.outputs)} entries"]
         for o in self.outputs:
             src = o.sources[0] if len(o.sources) == 1 else f"{o.sources[0]} (+{len(o.sources) - 1})"
@@ -144,8 +148,10 @@ def _expand(patterns: Sequence[str], binding: dict[str, int], over: str | None, 
 
 
 def _bind(op: Op, scope: dict[str, Any]) -> Op:
-    args = {k: (v if k == "dtype" else [evaluate(x, scope) for x in v] if isinstance(v, list) else evaluate(v, scope))
-            for k, v in op.args.items()}  # fmt: skip
+    args = {
+        k: (v if k == "dtype" else [evaluate(x, scope) for x in v] if isinstance(v, list) else evaluate(v, scope))
+        for k, v in op.args.items()
+    }
     return Op(op.kind, args)
 
 
@@ -193,8 +199,10 @@ def plan_mapping(
     counts = {d: _matches(mapping.rules_for(d), tensors) for d in ("forward", "inverse")}
     direction: Direction = "forward" if counts["forward"] >= counts["inverse"] else "inverse"
     if not counts[direction]:
-        raise MappingError(f"no entry has {mapping.sides[0]} or {mapping.sides[1]} names of mapping {mapping.name}; "
-                           f"names look like {_few(left)}")  # fmt: skip
+        raise MappingError(
+            f"no entry has {mapping.sides[0]} or {mapping.sides[1]} names of mapping {mapping.name}; "
+            f"names look like {_few(left)}"
+        )
     rules = [r for r in mapping.rules_for(direction) if r.when is None or evaluate(r.when, scope)]
     consumed: set[str] = set()
     outputs: list[Output] = []
@@ -221,11 +229,15 @@ def plan_mapping(
             outputs += _outputs(rule, k, binding, srcs, entries, where, count)
     unmatched = [n for n in left if n not in consumed]
     if unmatched and not allow_unmapped:
-        raise MappingError(f"{len(unmatched)} entries match no rule of {mapping.name}: {_few(unmatched)} "
-                           "(--allow-unmapped passes them through)")  # fmt: skip
+        raise MappingError(
+            f"{len(unmatched)} entries match no rule of {mapping.name}: {_few(unmatched)} "
+            "(--allow-unmapped passes them through)"
+        )
     if missing and not allow_unmapped:
-        raise MappingError(f"{len(missing)} entries the config implies are missing: {_few(missing)} "
-                           "(a different model or config? --allow-unmapped maps what is there)")  # fmt: skip
+        raise MappingError(
+            f"{len(missing)} entries the config implies are missing: {_few(missing)} "
+            "(a different model or config? --allow-unmapped maps what is there)"
+        )
     for n in unmatched:
         e = entries[n]
         outputs.append(Output(n, (n,), (), 0, (-1, ()), e.shape or (), e.dtype, value=e.kind != "tensor"))
@@ -249,8 +261,9 @@ def _outputs(
     if expected is not None:
         for s, (shape, _), want in zip(srcs, metas, expected, strict=False):
             if shape != want:
-                raise MappingError(f"{s} has shape {list(shape)}, the config implies {list(want)} (another model "
-                                   "or config?)")  # fmt: skip
+                raise MappingError(
+                    f"{s} has shape {list(shape)}, the config implies {list(want)} (another model or config?)"
+                )
     if rule.tie is not None:
         return []
     ops = tuple(_bind(op, scope) for op in rule.ops)
@@ -261,5 +274,7 @@ def _outputs(
     dsts = _expand(rule.dst, dict(binding), rule.over, count)
     if len(made) != len(dsts):
         raise MappingError(f"{rule.text()}: makes {len(made)} tensors for {len(dsts)} names")
-    return [Output(d, tuple(srcs), ops, i, (k, binding), shape, dtype, rule)
-            for i, (d, (shape, dtype)) in enumerate(zip(dsts, made, strict=True))]  # fmt: skip
+    return [
+        Output(d, tuple(srcs), ops, i, (k, binding), shape, dtype, rule)
+        for i, (d, (shape, dtype)) in enumerate(zip(dsts, made, strict=True))
+    ]

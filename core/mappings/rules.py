@@ -64,7 +64,7 @@ class Rule:
         """The number of items ``over`` ranges over: the ``count`` of the stack/unstack."""
         for op in self.ops:
             if op.kind in ("stack", "unstack"):
-                return op.args.get("count")  # type: ignore[no-any-return]
+                return op.args.get("count")
         return None
 
     def text(self) -> str:
@@ -72,8 +72,9 @@ class Rule:
 
     def inverse(self) -> Rule | None:
         if self.tie is not None:
-            return Rule((self.tie,), self.src, (), when=self.when, where=self.where, optional=self.optional,
-                        origin=self)  # fmt: skip
+            return Rule(
+                (self.tie,), self.src, (), when=self.when, where=self.where, optional=self.optional, origin=self
+            )
         ops = inverse_ops(self.ops)
         if ops is None or not self.dst:
             return None
@@ -144,13 +145,24 @@ def _rule(raw: Any, k: int) -> Rule:
         raise MappingError(f"{where}: a rule is a table")
     unknown = set(raw) - _RULE_KEYS
     if unknown:
-        raise MappingError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_RULE_KEYS))})")
+        raise MappingError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_RULE_KEYS))})"
+        )
     src = _strings(raw.get("src"), f"{where}: src")
     dst = _strings(raw.get("dst", []), f"{where}: dst")
     ops = tuple(_op(v, where) for v in raw.get("ops", []))
     shapes = raw.get("shapes", [raw["shape"]] if "shape" in raw else None)
-    rule = Rule(src, dst, ops, tuple(tuple(s) for s in shapes) if shapes is not None else None, raw.get("when"),
-                raw.get("where"), bool(raw.get("optional", False)), raw.get("tie"), raw.get("only"))  # fmt: skip
+    rule = Rule(
+        src,
+        dst,
+        ops,
+        tuple(tuple(s) for s in shapes) if shapes is not None else None,
+        raw.get("when"),
+        raw.get("where"),
+        bool(raw.get("optional", False)),
+        raw.get("tie"),
+        raw.get("only"),
+    )
     if not src:
         raise MappingError(f"{where}: src names no entry")
     if rule.only not in (None, "forward", "inverse"):

@@ -31,9 +31,20 @@ from .rules import Mapping, parse_mapping
 
 __all__ = ["ASSET_FILES", "MappedConversion", "list_mappings", "load_mapping", "map_convert", "map_verify", "plan_for"]
 
-ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
-               "chat_template.json", "tiktoken.model", "original/tokenizer.model")  # fmt: skip
+ASSET_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tiktoken.model",
+    "original/tokenizer.model",
+)
 """What ``hf_assets`` contributes to a Hugging Face destination, when present."""
 
 
@@ -86,9 +97,13 @@ def _config(config: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def plan_for(
-    src: str | os.PathLike[str], mapping: Mapping | str | os.PathLike[str], config: dict[str, Any] | str | os.PathLike[str],
-    *, allow_unmapped: bool = False, trust_pickle: bool = False,
-) -> Plan:  # fmt: skip
+    src: str | os.PathLike[str],
+    mapping: Mapping | str | os.PathLike[str],
+    config: dict[str, Any] | str | os.PathLike[str],
+    *,
+    allow_unmapped: bool = False,
+    trust_pickle: bool = False,
+) -> Plan:
     """The plan of mapping ``src`` (nothing read but its structure)."""
     with open_checkpoint(src, trust_pickle=trust_pickle) as ckpt:
         return plan_mapping(ckpt.entries, _mapping(mapping), _config(config), allow_unmapped=allow_unmapped)
@@ -146,8 +161,15 @@ def map_convert(
             raise MappingError("--hf-assets copies files into a folder: the destination is a single file")
         mapped = Mapped(ckpt, plan)
         try:
-            result = convert(mapped, out, to=target, overwrite=overwrite, max_shard_size=max_shard_size,
-                             progress=progress, cancel=cancel)  # fmt: skip
+            result = convert(
+                mapped,
+                out,
+                to=target,
+                overwrite=overwrite,
+                max_shard_size=max_shard_size,
+                progress=progress,
+                cancel=cancel,
+            )
         finally:
             mapped.close()
     assets = _copy_assets(result.dst, config if hf else cfg, hf_assets) if folder or hf_assets else ()

@@ -89,7 +89,7 @@ def _split_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
     dim, sizes = _dim(shape, op), list(op.args["sizes"])
     if sum(sizes) != shape[dim]:
         raise MappingError(f"{op.text()}: sizes add up to {sum(sizes)}, dimension {dim} is {shape[dim]}")
-    return [(shape[:dim] + (s,) + shape[dim + 1 :], dtype) for s in sizes]
+    return [((*shape[:dim], s, *shape[dim + 1 :]), dtype) for s in sizes]
 
 
 def _concat_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
@@ -103,7 +103,7 @@ def _concat_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
         if dtype is not metas[0][1]:
             raise MappingError(f"{op.text()}: parts of dtypes {metas[0][1]} and {dtype}")
     first = metas[0][0]
-    return [(first[:dim] + (sum(sizes),) + first[dim + 1 :], metas[0][1])]
+    return [((*first[:dim], sum(sizes), *first[dim + 1 :]), metas[0][1])]
 
 
 def _unstack_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
@@ -122,7 +122,7 @@ def _stack_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
         raise MappingError(f"{op.text()}: the tensors differ in shape or dtype")
     shape, dtype = metas[0]
     dim = op.args.get("dim", 0)
-    return [(shape[:dim] + (count,) + shape[dim:], dtype)]
+    return [((*shape[:dim], count, *shape[dim:]), dtype)]
 
 
 def _cast_shape(metas: Sequence[Meta], op: Op) -> list[Meta]:
@@ -193,8 +193,15 @@ OPS: dict[str, tuple[Callable[[Sequence[Meta], Op], list[Meta]], Apply]] = {
 }
 """Each operation's shape function and tensor function."""
 
-_INVERSE = {"permute": "unpermute", "unpermute": "permute", "transpose": "transpose", "split": "concat",
-            "concat": "split", "unstack": "stack", "stack": "unstack"}  # fmt: skip
+_INVERSE = {
+    "permute": "unpermute",
+    "unpermute": "permute",
+    "transpose": "transpose",
+    "split": "concat",
+    "concat": "split",
+    "unstack": "stack",
+    "stack": "unstack",
+}
 ONE_WAY = frozenset(OPS) - frozenset(_INVERSE)
 """Operations that lose what their inverse would need (a cast's rounding, fp8 scales)."""
 

@@ -17,8 +17,15 @@ from tests.conftest import dcp_load, dcp_save
 
 DIM, HEADS, KV, LAYERS, VOCAB, FFN = 32, 4, 2, 2, 40, 48
 HEAD_DIM = DIM // HEADS
-CONFIG = {"hidden_size": DIM, "num_attention_heads": HEADS, "num_key_value_heads": KV, "num_hidden_layers": LAYERS,
-          "vocab_size": VOCAB, "intermediate_size": FFN, "tie_word_embeddings": False}  # fmt: skip
+CONFIG = {
+    "hidden_size": DIM,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV,
+    "num_hidden_layers": LAYERS,
+    "vocab_size": VOCAB,
+    "intermediate_size": FFN,
+    "tie_word_embeddings": False,
+}
 
 
 def _titan(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -30,13 +37,17 @@ def _titan(seed: int = 0) -> dict[str, torch.Tensor]:
     sd = {"tok_embeddings.weight": w(VOCAB, DIM), "norm.weight": w(DIM), "lm_head.weight": w(VOCAB, DIM)}
     for i in range(LAYERS):
         p = f"layers.{i}."
-        sd |= {p + "attention.qkv_linear.wq.weight": w(HEADS * HEAD_DIM, DIM),
-               p + "attention.qkv_linear.wk.weight": w(KV * HEAD_DIM, DIM),
-               p + "attention.qkv_linear.wv.weight": w(KV * HEAD_DIM, DIM),
-               p + "attention.wo.weight": w(DIM, HEADS * HEAD_DIM),
-               p + "feed_forward.w1.weight": w(FFN, DIM), p + "feed_forward.w3.weight": w(FFN, DIM),
-               p + "feed_forward.w2.weight": w(DIM, FFN),
-               p + "attention_norm.weight": w(DIM), p + "ffn_norm.weight": w(DIM)}  # fmt: skip
+        sd |= {
+            p + "attention.qkv_linear.wq.weight": w(HEADS * HEAD_DIM, DIM),
+            p + "attention.qkv_linear.wk.weight": w(KV * HEAD_DIM, DIM),
+            p + "attention.qkv_linear.wv.weight": w(KV * HEAD_DIM, DIM),
+            p + "attention.wo.weight": w(DIM, HEADS * HEAD_DIM),
+            p + "feed_forward.w1.weight": w(FFN, DIM),
+            p + "feed_forward.w3.weight": w(FFN, DIM),
+            p + "feed_forward.w2.weight": w(DIM, FFN),
+            p + "attention_norm.weight": w(DIM),
+            p + "ffn_norm.weight": w(DIM),
+        }
     return sd
 
 
@@ -46,10 +57,17 @@ def _permute(w: torch.Tensor, n_heads: int, dim1: int, dim2: int) -> torch.Tenso
 
 
 def _reference_hf(sd: dict[str, torch.Tensor], tied: bool = False) -> dict[str, torch.Tensor]:
-    names = {"attention.qkv_linear.wq": "self_attn.q_proj", "attention.qkv_linear.wk": "self_attn.k_proj",
-             "attention.qkv_linear.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
-             "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj",
-             "attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}  # fmt: skip
+    names = {
+        "attention.qkv_linear.wq": "self_attn.q_proj",
+        "attention.qkv_linear.wk": "self_attn.k_proj",
+        "attention.qkv_linear.wv": "self_attn.v_proj",
+        "attention.wo": "self_attn.o_proj",
+        "feed_forward.w1": "mlp.gate_proj",
+        "feed_forward.w3": "mlp.up_proj",
+        "feed_forward.w2": "mlp.down_proj",
+        "attention_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
     out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
     if not tied:
         out["lm_head.weight"] = sd["lm_head.weight"]
@@ -144,11 +162,14 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys: pyte
     ("change", "words"),
     [
         ({"extra": "stray.weight"}, "1 entries match no rule of torchtitan-llama3: stray.weight"),
-        ({"num_key_value_heads": 4}, "layers.0.attention.qkv_linear.wk.weight has shape [16, 32], the config implies [32, 32]"),
+        (
+            {"num_key_value_heads": 4},
+            "layers.0.attention.qkv_linear.wk.weight has shape [16, 32], the config implies [32, 32]",
+        ),
         ({"num_hidden_layers": 3}, "entries the config implies are missing: layers.2.attention.qkv_linear.wq.weight"),
         ({"num_attention_heads": 3}, "the config implies"),
     ],
-)  # fmt: skip
+)
 def test_refused_before_writing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, Any], words: str
 ) -> None:
