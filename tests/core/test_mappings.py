@@ -240,3 +240,38 @@ def test_toml_custom_rules(tmp_path: Path) -> None:
     loaded = {k: torch.empty_like(v) for k, v in sd.items()}
     dcp_load(loaded, checkpoint_id=str(back))
     assert all(torch.equal(loaded[k], v) for k, v in sd.items())
+
+
+def test_qwen3_moe_experts_unstacked_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    g = torch.Generator().manual_seed(2)
+    cfg = {**CONFIG, "num_experts": 3, "moe_intermediate_size": 8, "head_dim": HEAD_DIM, "num_hidden_layers": 1}
+    p = "layers.0."
+    sd = {k: v for k, v in _titan().items() if k.startswith(("tok_", "norm", "lm_head", p)) and "feed_forward" not in k}
+    sd |= {p + "attention.q_norm.weight": torch.randn(HEAD_DIM, generator=g),
+           p + "attention.k_norm.weight": torch.randn(HEAD_DIM, generator=g),
+           p + "moe.router.gate.weight": torch.randn(3, DIM, generator=g),
+           p + "moe.routed_experts.inner_experts.w1_EFD": torch.randn(3, 8, DIM, generator=g),
+           p + "moe.routed_experts.inner_experts.w3_EFD": torch.randn(3, 8, DIM, generator=g),
+           p + "moe.routed_experts.inner_experts.w2_EDF": torch.randn(3, DIM, 8, generator=g)}  # fmt: skip
+    src, config = _write(tmp_path, sd, cfg)
+    hf = tmp_path / "hf"
+    assert _run("convert", str(src), str(hf), "--mapping", "torchtitan-qwen3", "--config", str(config), "-q") == 0
+    got = load_file(str(hf / "model.safetensors"))
+    w2 = sd[p + "moe.routed_experts.inner_experts.w2_EDF"]
+    assert all(torch.equal(got[f"model.layers.0.mlp.experts.{e}.down_proj.weight"], w2[e]) for e in range(3))
+    assert torch.equal(got["model.layers.0.self_attn.q_proj.weight"], sd[p + "attention.qkv_linear.wq.weight"])
+    back = tmp_path / "back"
+    assert _run("convert", str(hf), str(back), "--mapping", "torchtitan-qwen3", "--config", str(config), "-q") == 0
+    loaded = {k: torch.empty_like(v) for k, v in sd.items()}
+    dcp_load(loaded, checkpoint_id=str(back))
+    assert all(torch.equal(loaded[k], v) for k, v in sd.items())
+    (hf / "model.safetensors").unlink()  # an expert missing from the Hugging Face side is refused
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in got.items() if ".experts.2." not in k}, str(hf / "model.safetensors"))
+    (hf / "model.safetensors.index.json").unlink()
+    assert (
+        _run("convert", str(hf), str(tmp_path / "again"), "--mapping", "torchtitan-qwen3", "--config", str(config)) == 1
+    )
+    assert "missing: model.layers.0.mlp.experts.2.gate_proj.weight" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
