@@ -228,15 +228,15 @@ def plan_mapping(
             consumed.update(srcs)
             outputs += _outputs(rule, k, binding, srcs, entries, where, count)
     unmatched = [n for n in left if n not in consumed]
-    if unmatched and not allow_unmapped:
-        raise MappingError(
-            f"{len(unmatched)} entries match no rule of {mapping.name}: {_few(unmatched)} "
-            "(--allow-unmapped passes them through)"
-        )
     if missing and not allow_unmapped:
         raise MappingError(
             f"{len(missing)} entries the config implies are missing: {_few(missing)} "
             "(a different model or config? --allow-unmapped maps what is there)"
+        )
+    if unmatched and not allow_unmapped:
+        raise MappingError(
+            f"{len(unmatched)} entries match no rule of {mapping.name}: {_few(unmatched)} "
+            "(--allow-unmapped passes them through)"
         )
     for n in unmatched:
         e = entries[n]
