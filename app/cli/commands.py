@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .flags import check_load_flags, resolve_target
+from .mapping_commands import check_mapping_flags, run_map_convert, run_map_verify, run_mappings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
@@ -52,10 +53,21 @@ class TerminalProgress:
             self._stream.flush()
 
 
+def _mapped(args: argparse.Namespace, run: Callable[[argparse.Namespace, Any], int], show: bool) -> int:
+    bar = TerminalProgress() if show else None
+    try:
+        return run(args, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def _run_convert(args: argparse.Namespace) -> int:
     from dcpstudio.core import convert, dcp_to_torch_save, torch_save_to_dcp
     from dcpstudio.core.ops.report import human_bytes, plural
 
+    if check_mapping_flags(args):
+        return _mapped(args, run_map_convert, not (args.quiet or args.dry_run))
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
     options: dict[str, Any] = dict(
@@ -121,6 +133,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     from dcpstudio.core.ops.report import LIST_LIMIT
     from dcpstudio.core.ops.verify import verify
 
+    if check_mapping_flags(args):
+        return _mapped(args, run_map_verify, not (args.quiet or args.json))
     transform = Transform(args.include, args.exclude, args.dtype, args.strip_prefix)
     bar = TerminalProgress() if not (args.quiet or args.json) else None
     try:
@@ -296,4 +310,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compare": _run_compare,
     "export": _run_export,
     "demo": _run_demo,
+    "mappings": run_mappings,
 }

@@ -54,6 +54,21 @@ def _add_transform(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-empty", action="store_true", help="accept --include/--exclude that keep no entry")
 
 
+def _add_mapping(p: argparse.ArgumentParser, convert: bool) -> None:
+    g = p.add_argument_group("model mapping (torchtitan <-> Hugging Face names; `dcpstudio mappings` lists them)")
+    g.add_argument("--mapping", metavar="NAME|RULES.toml", help="a built-in mapping or a TOML file of rules")
+    g.add_argument("--config", metavar="CONFIG.json", help="the model's Hugging Face config.json (heads, layers...)")
+    g.add_argument(
+        "--allow-unmapped",
+        action="store_true",
+        help="pass entries no rule matches through unchanged, and map a source that lacks entries the config implies",
+    )
+    if convert:
+        g.add_argument("--hf-assets", metavar="DIR", help="copy config, tokenizer and generation files from DIR")
+        g.add_argument("--dry-run", action="store_true", help="print the plan (source -> operation -> name, shape, "
+                       "dtype) and write nothing")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpstudio",
@@ -86,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
     p.add_argument("--files", type=int, metavar="N", help="DCP: spread the data over N files")
     p.add_argument("--max-file-size", metavar="SIZE", help="DCP: data files of at most SIZE (5GB, 500MiB)")
+    _add_mapping(p, convert=True)
     for name, text in (
         ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
         ("dcp_to_torch", "DCP directory -> torch.save file (format_utils' argument order)"),
@@ -93,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, aliases=[name.replace("_", "-")])
         _add_convert_options(p)
         p.set_defaults(named=name)
+
+    sub.add_parser("mappings", help="list the built-in model mappings (for convert/verify --mapping)")
 
     p = sub.add_parser("inspect", help="show what a checkpoint holds, without loading its tensors")
     p.add_argument("path", help="DCP directory, torch.save file or safetensors file/directory")
@@ -112,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_pair(p)
     _add_transform(p)
+    _add_mapping(p, convert=False)
     p.add_argument(
         "--quick",
         action="store_true",
