@@ -170,7 +170,8 @@ def check(
             raise
         except (DCPStudioError, ValueError, OSError) as e:
             file = _file_of(ckpt, fqn)
-            report.findings.append(Finding(file, fqn, _what(e, str(ckpt.path / file) if file else "", str(ckpt.path))))
+            at = str(ckpt.path / file) if file else str(ckpt.path)
+            report.findings.append(Finding(file, fqn, _what(e, f"{at} ({fqn!r})", at, str(ckpt.path))))
         reporter.advance(entry.nbytes if values and entry.kind == "tensor" else 0, current=fqn)
     if isinstance(ckpt, DCPCheckpoint):
         _check_layout(ckpt, report)
