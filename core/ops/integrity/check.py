@@ -59,6 +59,10 @@ class ValueCounts:
     def all_zero(self) -> bool:
         return self.count > 0 and self.zeros == self.count
 
+    def json(self) -> dict[str, Any]:
+        return {"name": self.fqn, "count": self.count, "nan": self.nan, "inf": self.inf, "zeros": self.zeros,
+                "all_zero": self.all_zero}  # fmt: skip
+
 
 @dataclass
 class CheckReport:
@@ -100,10 +104,7 @@ class CheckReport:
             "entries": self.entries,
             "files": self.files,
             "findings": [{"file": f.file, "entry": f.entry, "what": f.what} for f in self.findings],
-            "values": None
-            if self.values is None
-            else [{"name": v.fqn, "count": v.count, "nan": v.nan, "inf": v.inf, "zeros": v.zeros,
-                   "all_zero": v.all_zero} for v in self.values],  # fmt: skip
+            "values": None if self.values is None else [v.json() for v in self.values],
         }
 
 

@@ -73,7 +73,7 @@ def _little(t: torch.Tensor) -> memoryview:
     import numpy as np
 
     swapped = np.frombuffer(data, dtype=f">u{t.element_size()}").astype(f"<u{t.element_size()}")
-    return memoryview(swapped).cast("B")
+    return swapped.data.cast("B")
 
 
 def tensor_digest(
