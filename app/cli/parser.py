@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .integrity import add_parsers as add_integrity
+
 
 def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination path") -> None:
     p.add_argument("src", help="source checkpoint (DCP directory, torch.save file or safetensors)")
@@ -201,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing file")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+    add_integrity(sub)
 
     p = sub.add_parser(
         "open",

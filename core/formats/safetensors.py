@@ -27,7 +27,9 @@ __all__ = [
     "SafetensorsWriter",
     "header_shape",
     "parse_header",
+    "read_safetensors_header",
     "read_safetensors_index",
+    "safetensors_files",
 ]
 
 _MAX_HEADER = 100_000_000  # the safetensors library's limit
@@ -230,13 +232,15 @@ def _sharding(meta: dict[str, str], label: str) -> dict[str, tuple[int, ...]]:
         raise CorruptCheckpointError(f"{label}: damaged {SHARDING_KEY} metadata ({type(e).__name__})") from e
 
 
-def _read_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+def read_safetensors_header(path: Path) -> tuple[list[SafetensorsTensor], dict[str, str]]:
+    """One safetensors file's tensors and ``__metadata__``, every range checked (:func:`parse_header`)."""
     with open_regular(path) as f:
         return parse_header(f, path, str(path))
 
 
-def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[SafetensorsTensor], dict[str, Any]]:
-    """All tensors of a safetensors checkpoint (single file, sharded directory or index file)."""
+def safetensors_files(path: str | os.PathLike[str]) -> tuple[list[Any], dict[str, Any]]:
+    """The files of a safetensors checkpoint (single file, sharded directory or index file), each
+    checked to lie inside it, and ``{"index": ..., "weight_map": ...}`` when an index names them."""
     p = as_location(path)
     files: list[Any]
     info: dict[str, Any] = {}
@@ -250,16 +254,23 @@ def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[Safetenso
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CorruptCheckpointError(f"{index}: damaged safetensors index ({e})") from e
             files = sorted(member_path(root, name, "shard named by the safetensors index") for name in names)
-            info["index"] = str(index)
+            info["index"], info["weight_map"] = str(index), data["weight_map"]
         else:
             files = sorted(member_path(root, f.name, "safetensors file") for f in root.glob("*.safetensors"))
     else:
         files = [p]
+    return files, info
+
+
+def read_safetensors_index(path: str | os.PathLike[str]) -> tuple[list[SafetensorsTensor], dict[str, Any]]:
+    """All tensors of a safetensors checkpoint (single file, sharded directory or index file)."""
+    files, info = safetensors_files(path)
+    info.pop("weight_map", None)
     tensors: list[SafetensorsTensor] = []
     for f in files:
         if not f.is_file():
             raise CorruptCheckpointError(f"{f}: listed in the index but missing")
-        found, meta = _read_header(f)
+        found, meta = read_safetensors_header(f)
         tensors += found
         if meta:
             info.setdefault("metadata", {})[f.name] = meta

@@ -1,0 +1,241 @@
+"""Whether one checkpoint is whole, without a reference to compare it with.
+
+:func:`check` asks every entry in turn what the readers would refuse when it is read
+(:func:`~...checkpoints.stored.check_entry`: its files exist and lie inside the checkpoint, its
+records parse, its zstd frames decode, its chunks tile it) and collects each refusal as a
+:class:`Finding` instead of stopping at the first. A DCP's data files are also checked to hold
+nothing but their items: a gap or a tail no entry names is what a partial or a concatenated write
+leaves. ``values=True`` reads every tensor once more (:func:`~..explore.stats.tensor_stats`,
+bounded memory) for NaN and Inf counts and all-zero tensors. :func:`check_path` opens the
+checkpoint itself, so a refusal at open (a safetensors shard missing) is a finding too, shard by
+shard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...checkpoints.dcp.checkpoint import DCPCheckpoint
+from ...checkpoints.model import relative
+from ...checkpoints.opening import Checkpoint, open_checkpoint
+from ...checkpoints.stored import check_entry, data_file_size, stored_ranges
+from ...errors import CancelledError, DCPStudioError
+from ...formats.detect import detect_format
+from ...formats.safetensors import read_safetensors_header, safetensors_files
+from ...io.remote.locations import as_location
+from ...progress import CancelToken, ProgressCallback, Reporter
+from ..explore.stats import tensor_stats
+
+__all__ = ["CheckReport", "Finding", "ValueCounts", "check", "check_path"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong: the file it is in (relative to the checkpoint; empty when it is the
+    checkpoint as a whole), the entry it concerns (empty when none) and what is wrong, one line."""
+
+    file: str
+    entry: str
+    what: str
+
+    def line(self) -> str:
+        where = ": ".join(p for p in (self.file, repr(self.entry) if self.entry else "") if p)
+        return f"{where}: {self.what}" if where else self.what
+
+
+@dataclass(frozen=True)
+class ValueCounts:
+    """What ``--values`` counts in one tensor."""
+
+    fqn: str
+    count: int
+    nan: int
+    inf: int
+    zeros: int
+
+    @property
+    def all_zero(self) -> bool:
+        return self.count > 0 and self.zeros == self.count
+
+    def json(self) -> dict[str, Any]:
+        return {"name": self.fqn, "count": self.count, "nan": self.nan, "inf": self.inf, "zeros": self.zeros,
+                "all_zero": self.all_zero}  # fmt: skip
+
+
+@dataclass
+class CheckReport:
+    """Findings of one check; ``whole`` when there are none. ``values``: per-tensor counts (with
+    ``--values``); an all-zero tensor is listed there and in the summary, not as a finding (a
+    freshly initialised bias is all zeros)."""
+
+    path: str
+    format: str
+    entries: int = 0
+    files: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    values: list[ValueCounts] | None = None
+
+    @property
+    def whole(self) -> bool:
+        return not self.findings
+
+    def all_zero(self) -> list[str]:
+        return [v.fqn for v in self.values or () if v.all_zero]
+
+    def summary(self) -> str:
+        what = f"{self.path} ({self.format}, {self.entries} entries, {self.files} files)"
+        zeros = self.all_zero()
+        tail = f"; {len(zeros)} all-zero tensors" if zeros else ""
+        if self.whole:
+            checked = " and values" if self.values is not None else ""
+            return f"whole: {what}: every file, record{checked} checked{tail}"
+        return f"damaged: {what}: {len(self.findings)} findings{tail}"
+
+    def text(self) -> str:
+        return "\n".join([self.summary(), *(f"  {f.line()}" for f in self.findings)])
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "whole": self.whole,
+            "entries": self.entries,
+            "files": self.files,
+            "findings": [{"file": f.file, "entry": f.entry, "what": f.what} for f in self.findings],
+            "values": None if self.values is None else [v.json() for v in self.values],
+        }
+
+
+def _what(e: BaseException, *names: str) -> str:
+    """The refusal's message without what the finding already says (the file's path)."""
+    text = str(e).split("\n")[0]
+    for name in names:
+        if name and text.startswith(name):
+            text = text[len(name) :].lstrip(" :")
+    return text
+
+
+def _file_of(ckpt: Checkpoint, fqn: str) -> str:
+    try:
+        files = {c.file for c in ckpt.chunks(fqn) if c.file}
+    except Exception:
+        return ""
+    return ", ".join(sorted(files))
+
+
+def _check_layout(ckpt: DCPCheckpoint, report: CheckReport) -> None:
+    """A DCP data file holds its items one after another: no gap, no overlap, no tail."""
+    ranges = stored_ranges(ckpt)
+    report.files = len(ranges)
+    for name, items in sorted(ranges.items()):
+        try:
+            size = data_file_size(ckpt, name)
+        except DCPStudioError:
+            continue  # named by every entry stored in it
+        at = 0
+        for (offset, length), fqn in sorted(items.items()):
+            if offset > at:
+                report.findings.append(Finding(name, "", f"bytes {at}-{offset} are named by no entry"))
+            elif offset < at:
+                report.findings.append(Finding(name, fqn, f"bytes {offset}-{at} are also another item's"))
+            at = max(at, offset + length)
+        if size > at:
+            report.findings.append(Finding(name, "", f"an unexplained tail: bytes {at}-{size} are named by no entry"))
+
+
+def check(
+    ckpt: Checkpoint,
+    *,
+    values: bool = False,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> CheckReport:
+    """Check an open checkpoint entry by entry (see the module's docstring)."""
+    report = CheckReport(str(ckpt.path), ckpt.format, len(ckpt.entries))
+    total = ckpt.tensor_bytes if values else 0
+    reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(ckpt.entries))
+    counts: list[ValueCounts] = []
+    for fqn, entry in ckpt.entries.items():
+        reporter.check()
+        try:
+            check_entry(ckpt, fqn)
+            if values and entry.kind == "tensor":
+                s = tensor_stats(ckpt, fqn, bins=0, cancel=cancel)
+                counts.append(ValueCounts(fqn, s.count, s.nan, s.posinf + s.neginf, s.zeros))
+                bad = [f"{n} {what}" for n, what in ((s.nan, "NaN"), (s.posinf + s.neginf, "Inf")) if n]
+                if bad:
+                    report.findings.append(Finding(_file_of(ckpt, fqn), fqn, " and ".join(bad) + " values"))
+        except CancelledError:
+            raise
+        except (DCPStudioError, ValueError, OSError) as e:
+            file = _file_of(ckpt, fqn)
+            at = str(ckpt.path / file) if file else str(ckpt.path)
+            report.findings.append(Finding(file, fqn, _what(e, f"{at} ({fqn!r})", at, str(ckpt.path))))
+        reporter.advance(entry.nbytes if values and entry.kind == "tensor" else 0, current=fqn)
+    if isinstance(ckpt, DCPCheckpoint):
+        _check_layout(ckpt, report)
+    else:
+        report.files = len({c.file for fqn in ckpt.entries for c in _chunks(ckpt, fqn) if c.file})
+    report.values = counts if values else None
+    return report
+
+
+def _chunks(ckpt: Checkpoint, fqn: str) -> list[Any]:
+    try:
+        return ckpt.chunks(fqn) if ckpt.entries[fqn].kind == "tensor" else []
+    except Exception:
+        return []
+
+
+def _safetensors_shards(path: Any, report: CheckReport) -> None:
+    """Each shard of a safetensors checkpoint read alone, so every bad one is named (opening stops
+    at the first), with the tensors the index maps to it."""
+    try:
+        files, info = safetensors_files(path)
+    except DCPStudioError as e:
+        report.findings.append(Finding("", "", _what(e, str(path))))
+        return
+    report.files = len(files)
+    owners: dict[str, list[str]] = {}
+    for name, file in (info.get("weight_map") or {}).items():
+        owners.setdefault(str(file), []).append(str(name))
+    for f in files:
+        name = relative(f, path)
+        tensors = owners.get(name, [])
+        entry = tensors[0] + (f" (and {len(tensors) - 1} more)" if len(tensors) > 1 else "") if tensors else ""
+        if not f.is_file():
+            report.findings.append(Finding(name, entry, "listed in the index but missing"))
+            continue
+        try:
+            read_safetensors_header(f)
+        except DCPStudioError as e:
+            report.findings.append(Finding(name, entry, _what(e, str(f))))
+
+
+def check_path(
+    path: str | os.PathLike[str],
+    *,
+    values: bool = False,
+    trust_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> CheckReport:
+    """Open ``path`` and :func:`check` it; what opening refuses is a finding (the location's
+    format is detected once; an unknown format is refused as every command refuses it)."""
+    p = as_location(path)
+    fmt = detect_format(p)
+    if fmt == "safetensors":
+        report = CheckReport(str(p), fmt)
+        _safetensors_shards(p, report)
+        if not report.whole:
+            return report
+    try:
+        ckpt = open_checkpoint(p, trust_pickle=trust_pickle, fmt=fmt)
+    except CancelledError:
+        raise
+    except DCPStudioError as e:
+        return CheckReport(str(p), fmt, findings=[Finding("", "", _what(e))])
+    with ckpt:
+        return check(ckpt, values=values, progress=progress, cancel=cancel)

@@ -1,0 +1,181 @@
+"""Content digests that do not depend on the format: the same tensor, the same digest, in a DCP
+(any ranks, any chunks), a torch.save file (any view, stride or storage offset) and safetensors.
+
+A tensor's digest is BLAKE2b-256 over its canonical bytes: a header ``tensor\\0DTYPE\\0SHAPE\\0``
+(``float32``, ``4,3``) and then its elements in row-major order, little-endian, contiguous -- what
+``t.contiguous()`` holds on a little-endian machine, whatever the file kept. They are read block by
+block in row-major order (:func:`~...io.blocks.blocks`), so a DCP tensor's bytes are assembled from
+its chunks in order, and memory stays bounded; hashlib releases the GIL on large buffers, so a block
+is hashed on a thread while the next one is read. A non-tensor value's digest is over a canonical,
+type-tagged encoding of it (:func:`value_digest`), tensors inside it by their canonical bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...checkpoints.base import Checkpoint
+from ...checkpoints.model import dtype_name, refuse_expanded
+from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
+from ...io.buffers import BufferPool
+from ...pickles.tensor_io import to_bytes
+from ...progress import CancelToken, ProgressCallback, Reporter
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ALGORITHM", "Digest", "digests", "tensor_digest", "value_digest"]
+
+ALGORITHM = "blake2b-256"
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=32)
+
+
+def _named(h: Any) -> str:
+    return f"{ALGORITHM}:{h.hexdigest()}"
+
+
+def _header(dtype: str, shape: tuple[int, ...] | list[int]) -> bytes:
+    return f"tensor\0{dtype}\0{','.join(map(str, shape))}\0".encode()
+
+
+@dataclass(frozen=True)
+class Digest:
+    """One entry's digest. ``dtype``/``shape`` are a tensor's (empty for a value)."""
+
+    fqn: str
+    kind: str  # "tensor" or "value"
+    digest: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+
+    def line(self) -> str:
+        shape = f"[{','.join(map(str, self.shape))}]" if self.kind == "tensor" else "-"
+        return f"{self.digest}  {self.dtype or 'value'}  {shape}  {self.fqn}"
+
+    def json(self) -> dict[str, Any]:
+        return {"name": self.fqn, "kind": self.kind, "digest": self.digest, "dtype": self.dtype or None,
+                "shape": list(self.shape) if self.kind == "tensor" else None}  # fmt: skip
+
+
+def _little(t: torch.Tensor) -> memoryview:
+    """A tensor's row-major bytes, little-endian."""
+    data = to_bytes(t)
+    if struct.pack("=H", 1) == b"\x01\x00" or t.element_size() == 1:
+        return data
+    import numpy as np
+
+    swapped = np.frombuffer(data, dtype=f">u{t.element_size()}").astype(f"<u{t.element_size()}")
+    return swapped.data.cast("B")
+
+
+def tensor_digest(
+    ckpt: Checkpoint, fqn: str, *, budget: int = BLOCK_BUDGET, reporter: Reporter | None = None
+) -> Digest:
+    """The digest of tensor ``fqn``, read in row-major blocks of at most ``budget`` bytes; each
+    block is hashed on a helper thread while the next is read, and its buffer goes back to the
+    pool only once it is hashed (at most three blocks exist at a time)."""
+    entry = ckpt.tensor_entry(fqn)
+    refuse_expanded(entry, str(ckpt.path), "hash")
+    assert entry.dtype is not None
+    dtype, shape = dtype_name(entry.dtype) or "", tuple(entry.shape or ())
+    h = _hasher()
+    h.update(_header(dtype, shape))
+    reporter = reporter or Reporter(None, None)
+    buffers = BufferPool(keep=3)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-hash") as pool:
+        pending: tuple[Future[None], Any] | None = None
+        try:
+            for offsets, sizes in blocks(shape, entry.dtype.itemsize, budget):
+                reporter.check()
+                with buffers.active():
+                    block = ckpt.read_tensor(fqn, box_slices(offsets, sizes))
+                reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
+                data = _little(block)
+                if pending is not None:
+                    pending[0].result()
+                    buffers.give(pending[1])
+                pending = (pool.submit(h.update, data), block)
+                del block, data
+            if pending is not None:
+                pending[0].result()
+        finally:
+            if pending is not None:
+                pending[0].cancel()
+    return Digest(fqn, "tensor", _named(h), dtype, shape)
+
+
+def _encode(value: Any, h: Any, depth: int = 0) -> None:
+    """Feeds ``h`` a type-tagged, length-prefixed encoding of ``value``: equal values of the same
+    types give equal bytes (dict keys sorted by their own encoding, floats by their bits)."""
+    import torch
+
+    if depth > 64:
+        raise ValueError("a value nested more than 64 deep")
+    if value is None or isinstance(value, bool):
+        h.update(f"{value!r}\0".encode())
+    elif isinstance(value, int):
+        h.update(b"i" + str(value).encode() + b"\0")
+    elif isinstance(value, float):
+        h.update(b"f" + (b"nan" if math.isnan(value) else struct.pack("<d", value)))
+    elif isinstance(value, str):
+        raw = value.encode("utf-8", "surrogatepass")
+        h.update(b"s%d\0" % len(raw) + raw)
+    elif isinstance(value, (bytes, bytearray)):
+        h.update(b"b%d\0" % len(value) + bytes(value))
+    elif isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        h.update(b"T" + _header(dtype_name(t.dtype) or "", list(t.shape)))
+        h.update(_little(t))
+    elif isinstance(value, (list, tuple)):
+        h.update(b"%s%d\0" % (b"l" if isinstance(value, list) else b"t", len(value)))
+        for item in value:
+            _encode(item, h, depth + 1)
+    elif isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            kh = _hasher()
+            _encode(k, kh, depth + 1)
+            items.append((kh.digest(), v))
+        h.update(b"d%d\0" % len(items))
+        for key, v in sorted(items, key=lambda kv: kv[0]):
+            h.update(key)
+            _encode(v, h, depth + 1)
+    else:
+        kind = type(value)
+        h.update(f"o{kind.__module__}.{kind.__qualname__}\0{value!r}\0".encode("utf-8", "surrogatepass"))
+
+
+def value_digest(value: Any) -> str:
+    """The digest of a non-tensor value (its tensors materialised) over :func:`_encode`'s bytes."""
+    h = _hasher()
+    h.update(b"value\0")
+    _encode(value, h)
+    return _named(h)
+
+
+def digests(
+    ckpt: Checkpoint,
+    *,
+    budget: int = BLOCK_BUDGET,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> list[Digest]:
+    """Every entry's digest, in the checkpoint's order."""
+    reporter = Reporter(progress, cancel, total_bytes=ckpt.tensor_bytes, total_items=len(ckpt.entries))
+    out = []
+    for fqn, entry in ckpt.entries.items():
+        reporter.check()
+        if entry.kind == "tensor":
+            out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter))
+        else:
+            out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
+        reporter.advance(0, current=fqn)
+    return out
