@@ -72,3 +72,17 @@ def test_no_module_imports_one_that_imports_it_back(tmp_path: Path) -> None:
 def test_modules_stay_a_size_a_reader_can_hold() -> None:
     sizes = {p: len(p.read_text().splitlines()) for d in ("core", "app") for p in (ROOT / d).rglob("*.py")}
     assert not {str(p.relative_to(ROOT)): n for p, n in sizes.items() if n > 400}
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject's package list names every folder with an ``__init__.py`` (a package left out
+    installs nowhere but works from an editable install)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for root, name in (("app", "dcpstudio"), ("core", "dcpstudio.core")):
+        for init in (ROOT / root).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / root)
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set()

@@ -1,5 +1,5 @@
 """The command line's model mappings: ``convert --mapping``, ``verify --mapping`` and ``mappings``
-(see :mod:`dcpstudio.core.mappings`)."""
+(see :mod:`dcpstudio.core.ops.mappings`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def check_mapping_flags(args: argparse.Namespace) -> bool:
 
 
 def run_map_convert(args: argparse.Namespace, bar: object) -> int:
-    from dcpstudio.core.mappings import map_convert
+    from dcpstudio.core.ops.mappings import map_convert
     from dcpstudio.core.ops.report import human_bytes, plural
 
     start = time.monotonic()
@@ -74,7 +74,7 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
 def run_map_verify(args: argparse.Namespace, bar: object) -> int:
     import json
 
-    from dcpstudio.core.mappings import map_verify
+    from dcpstudio.core.ops.mappings import map_verify
     from dcpstudio.core.ops.report import LIST_LIMIT, diff_json, diff_text
 
     if args.rtol or args.atol:
@@ -107,7 +107,7 @@ def run_map_verify(args: argparse.Namespace, bar: object) -> int:
 
 
 def run_mappings(args: argparse.Namespace) -> int:
-    from dcpstudio.core.mappings import list_mappings
+    from dcpstudio.core.ops.mappings import list_mappings
 
     for name, description in list_mappings():
         print(f"{name:<26} {description}")

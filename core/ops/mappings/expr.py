@@ -15,7 +15,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import DCPStudioError
+from ...errors import DCPStudioError
 
 __all__ = ["MappingError", "evaluate", "names_in"]
 

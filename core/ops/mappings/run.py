@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..checkpoints.opening import open_checkpoint
-from ..ops.compare.diff import DiffReport, diff
-from ..ops.convert.convert import convert, destination_kind
-from ..ops.convert.output import ConversionResult
-from ..progress import CancelToken, ProgressCallback
+from ...checkpoints.opening import open_checkpoint
+from ...progress import CancelToken, ProgressCallback
+from ..compare.diff import DiffReport, diff
+from ..convert.convert import convert, destination_kind
+from ..convert.output import ConversionResult
 from .builtins import BUILTINS, builtin
 from .expr import MappingError
 from .mapped import Mapped

@@ -18,9 +18,9 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoints import Checkpoint, Region
-from ..checkpoints.model import Chunk, Entry
-from ..pickles.refs import StorageRef, TensorRef
+from ...checkpoints import Checkpoint, Region
+from ...checkpoints.model import Chunk, Entry
+from ...pickles.refs import StorageRef, TensorRef
 from .plan import Output, Plan
 from .tensor_ops import apply_ops
 
@@ -88,7 +88,7 @@ class Mapped(Checkpoint):
         return t[tuple(region)] if region else t
 
     def storage_bytes(self, ref: StorageRef) -> memoryview:
-        from ..pickles.tensor_io import to_bytes
+        from ...pickles.tensor_io import to_bytes
 
         return to_bytes(self.read_tensor(ref.key))
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.model import Entry
-from ..dtypes import DType
+from ...checkpoints.model import Entry
+from ...dtypes import DType
 from .expr import MappingError, evaluate
 from .rules import _GROUP, Direction, Mapping, Rule
 from .tensor_ops import Meta, Op, shape_ops

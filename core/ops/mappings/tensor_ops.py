@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..dtypes import DTYPES, DType
+from ...dtypes import DTYPES, DType
 from .expr import MappingError
 
 if TYPE_CHECKING:
