@@ -17,6 +17,7 @@ from shiboken6 import isValid
 
 from dcpstudio.core import torch_save_to_dcp
 from dcpstudio.window.main_window import MainWindow
+from dcpstudio.window.tree_model import NAME
 from tests.app.test_window import finish, open_by_drop
 
 
@@ -249,3 +250,24 @@ def test_values_follow_the_tree_selection_while_shown(qtbot: Any, window: MainWi
     assert window.explorer.fqn == "five"
     window.explore("flat")  # explored from elsewhere (Compare): what is explored is shown
     assert window.explorer.fqn == "flat"
+
+
+def test_the_name_column_and_the_value_rows_keep_their_room(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    """At the minimum size the tree's Name column keeps 18 characters (the other columns give way,
+    elided); at the default size with the Convert area shown, the value table shows 8 rows or more
+    (the area starts as small as its pages allow)."""
+    path = tmp_path / "deep.pt"
+    torch.save({"model": {"layers": {"0": {"attention": {"wq": torch.randn(64, 64)}}}}, "optim": {"lr": 0.1}}, path)
+    window.settings.set_actions_shown(True)
+    open_by_drop(qtbot, window, path)
+    window.resize(200, 200)  # held at the minimum
+    qtbot.wait(50)
+    chars = window.tree.fontMetrics().horizontalAdvance("x")
+    assert window.tree.header().sectionSize(NAME) >= 18 * chars
+    window.resize(1400, 860)
+    qtbot.wait(50)
+    window.explore("model.layers.0.attention.wq")
+    table = window.explorer.table
+    qtbot.waitUntil(lambda: window.explorer.model.loaded(0, 0), timeout=20_000)
+    assert window.right.area.isVisible()
+    assert table.viewport().height() >= 8 * table.verticalHeader().defaultSectionSize()

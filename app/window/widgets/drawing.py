@@ -112,7 +112,7 @@ class Histogram(QWidget):
         super().__init__(parent)
         self.counts: list[int] = []
         self.edges: list[float] = []
-        self.setMinimumHeight(140)
+        self.setMinimumHeight(110)
         self.setMouseTracking(True)
 
     def set_data(self, edges: list[float], counts: list[int]) -> None:
@@ -243,7 +243,7 @@ class Heatmap(QWidget):
         self.summary: SliceSummary | None = None
         self._image: QImage | None = None
         self._lo = self._hi = 0.0
-        self.setMinimumSize(160, 160)
+        self.setMinimumSize(160, 110)  # a short window leaves the value table its rows
         self.setMouseTracking(True)
 
     def set_summary(self, summary: SliceSummary | None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import QModelIndex, QPoint, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QObject, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -105,6 +105,9 @@ class TreePane(QWidget):
         copy.triggered.connect(lambda: self.copy_requested.emit(self.selected_node()))
         self.view.addAction(copy)
         self.model: CheckpointTreeModel | None = None
+        self._preferred: dict[int, int] = {}  # each column's width from its widest text
+        self._shrunk = False
+        self.view.viewport().installEventFilter(self)
 
         row = QHBoxLayout()
         row.setContentsMargins(0, 0, 0, 0)
@@ -186,6 +189,29 @@ class TreePane(QWidget):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             width = max(metrics.horizontalAdvance(text) + pad, header.sectionSizeHint(col))
             header.resizeSection(col, width)
+            self._preferred[col] = width
+        self._shrunk = False
+        self._fit_columns()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.view.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit_columns()
+        return super().eventFilter(watched, event)
+
+    def _fit_columns(self) -> None:
+        """A narrow tree gives the name column its room first (18 characters): the other columns
+        shrink in proportion, their texts elided, and grow back to their widths as the tree widens.
+        Widths a user dragged are left alone while nothing needs shrinking."""
+        header = self.view.header()
+        cols = [c for c in self._preferred if not header.isSectionHidden(c)]
+        want = sum(self._preferred[c] for c in cols)
+        room = self.view.viewport().width() - self.view.fontMetrics().horizontalAdvance("x" * 18)
+        scale = 1.0 if want <= room or want == 0 else max(room, 0) / want
+        if scale == 1.0 and not self._shrunk:
+            return
+        for c in cols:
+            header.resizeSection(c, max(header.minimumSectionSize(), int(self._preferred[c] * scale)))
+        self._shrunk = scale < 1.0
 
     def _fill_dtypes(self, tree: TreeIndex) -> None:
         current = self.dtype_box.currentText()

@@ -122,9 +122,9 @@ class ValueExplorer(QWidget):
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(side)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        split.setSizes([300, 200])
+        split.setStretchFactor(0, 2)  # the table first: the pictures summarise it
+        split.setStretchFactor(1, 1)
+        split.setSizes([340, 170])
         lay = QVBoxLayout(self)
         lay.addWidget(self.title)
         lay.addLayout(dims)

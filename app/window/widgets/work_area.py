@@ -69,7 +69,9 @@ class WorkArea(QSplitter):
         self.setChildrenCollapsible(False)  # dragged small, a pane stops at its minimum: never crushed to 0
         self.setStretchFactor(0, 1)  # a taller window gives its height to the views
         self.setStretchFactor(1, 0)
-        self.setSizes([600, actions.sizeHint().height()])
+        # the area as small as its pages allow (a tab widget's hint is its tallest page's, with room
+        # to spare): the views get the rest, the area grows only when dragged
+        self.setSizes([600, actions.minimumSizeHint().height()])
         self.toggle = QAction("Convert && Load Area", self)
         self.toggle.setCheckable(True)
         self.toggle.setShortcut(QKeySequence(TOGGLE_SHORTCUT))
@@ -82,7 +84,7 @@ class WorkArea(QSplitter):
         self.button.setDefaultAction(self.toggle)
         self.button.setAutoRaise(True)
         views.setCornerWidget(self.button, Qt.Corner.TopRightCorner)
-        self._height = actions.sizeHint().height()
+        self._height = actions.minimumSizeHint().height()
         actions.setVisible(self.toggle.isChecked())
 
     def _set_shown(self, shown: bool) -> None:
