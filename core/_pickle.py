@@ -8,8 +8,9 @@ Two pickles occur in checkpoints:
   :mod:`dcpstudio.core._refs` that *describes* the tensor (:class:`~._refs.TensorRef`) instead of
   building it. Nothing the pickle names outside the list is looked up. A storage reference becomes
   a :class:`~._refs.StorageRef`; its bytes are read only when a value is asked for.
-* DCP's ``.metadata``: torch's metadata dataclasses, read into light records with the same
-  restriction (:func:`load_light_metadata`).
+* DCP's ``.metadata``: torch's metadata dataclasses (and the save plans Megatron adds,
+  :mod:`._plan_records`), read into light records with the same restriction
+  (:func:`load_light_metadata`).
 
 The allow-list and its stand-ins are in :mod:`._stand_ins`. ``trust=True`` keeps the stand-ins
 but lets any other name be imported (full pickle semantics) for inputs the user vouches for; the
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from ._pickle_guard import YieldingStream, run_with_stack, scan
+from ._plan_records import PLANNER_CLASSES, WriteItemKind
 from ._refs import Device, Layout, Size, StorageType, TensorRef
 from ._stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
 from .dtypes import BY_NAME, DType
@@ -231,16 +233,14 @@ class MemoryFormat(int):
 
 
 def _light_class(module: str, name: str) -> Any:
-    if name == "TensorProperties":
-        return LightProperties
-    if name == "_MEM_FORMAT_ENCODING":
-        return MemoryFormat
-    return type(name, (LightRecord,), {"__module__": __name__, "torch_global": (module, name)})
+    special = {"TensorProperties": LightProperties, "_MEM_FORMAT_ENCODING": MemoryFormat}
+    special["WriteItemType"] = WriteItemKind
+    return special.get(name) or type(name, (LightRecord,), {"__module__": __name__, "torch_global": (module, name)})
 
 
 LIGHT_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
     **PLAIN_GLOBALS,
-    **{key: _light_class(*key) for key in DCP_METADATA_CLASSES},
+    **{key: _light_class(*key) for key in (*DCP_METADATA_CLASSES, *PLANNER_CLASSES, WriteItemKind.torch_global)},
     ("torch", "Size"): tuple,
     ("torch.serialization", "_get_layout"): get_layout,
     **{("torch", name): dtype for name, dtype in BY_NAME.items()},
