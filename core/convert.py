@@ -320,7 +320,7 @@ def convert(
         warnings.warn(TRUST_WARNING.format(src_p), stacklevel=2)
     cast = _CASTS[dtype] if dtype else None
     with open_checkpoint(src_p, trust_pickle=trust_pickle) as ckpt:
-        selection_notes = tuple(keep.check(ckpt.entries, allow_empty=allow_empty))
+        selection_notes = (*ckpt.info.get("notes", ()), *keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
             warnings.warn(note, stacklevel=2)
         plan = _plan(ckpt, keep, cast, views=target == "torch")

@@ -14,6 +14,7 @@ import os
 from ._remote import as_location
 from .checkpoints import ROOT_KEY, Checkpoint, DCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
 from .checkpoints.dcp_children import stop_index_children
+from .checkpoints.dcp_sidecars import DCPWithSidecars, sidecars_in
 from .errors import UnsupportedFormatError
 from .formats.detect import detect_format
 
@@ -38,7 +39,8 @@ def open_checkpoint(
     p = as_location(path)
     fmt = detect_format(p)
     if fmt == "dcp":
-        return DCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
+        kind = DCPWithSidecars if sidecars_in(p) else DCPCheckpoint
+        return kind(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":
         return TorchCheckpoint(p, trust_pickle=trust_pickle)
     if fmt == "safetensors":

@@ -157,7 +157,7 @@ class DCPCheckpoint(Checkpoint):
             built = build_in_child(self._data, str(md_path))
         if built is not None:
             index, entries = built
-            if not same_entries(entries, self.entries):  # the same bytes: head and whole disagree
+            if not same_entries(entries, self.own_entries()):  # the same bytes: head and whole disagree
                 raise ambiguous(str(md_path))
             if self._head is not None:
                 check_head(self._head, entries, index, str(md_path))
@@ -171,7 +171,11 @@ class DCPCheckpoint(Checkpoint):
                 raise ambiguous(str(md_path))
             head, self._md, self._head_only = self._md, full, False
             dispose(head)
-        return self._indexed(index_of(self._md, self.entries, str(md_path)))
+        return self._indexed(index_of(self._md, self.own_entries(), str(md_path)))
+
+    def own_entries(self) -> dict[str, Entry]:
+        """The entries the ``.metadata`` lists (a subclass may add others)."""
+        return self.entries
 
     def _indexed(self, index: DCPIndex) -> DCPIndex:
         """Take ``index`` as the storage index: sizes of byte items, the cache; free the records."""

@@ -24,7 +24,7 @@ def megatron_like(out: Path) -> dict[str, Any]:
     class KeepPlans(DefaultSavePlanner):
         def create_global_plan(self, all_plans: Any) -> Any:
             plans, md = super().create_global_plan(all_plans)
-            md.all_local_plans = all_plans
+            md.all_local_plans = all_plans  # type: ignore[attr-defined]
             return plans, md
 
     g = torch.Generator().manual_seed(1)
@@ -56,3 +56,43 @@ def test_a_write_item_type_outside_the_enum_is_refused_as_damage(tmp_path: Path)
     md.write_bytes(data[: end - 3] + b"\x09" + data[end - 2 :])
     with pytest.raises(CorruptCheckpointError, match="WriteItemType"):
         open_checkpoint(tmp_path / "ck")
+
+
+def with_sidecars(out: Path) -> dict[str, Any]:
+    """``megatron_like`` with Megatron's ``common.pt`` and ``metadata.json`` (as its
+    ``TorchCommonSaveStrategy`` and ``save_config`` write them), and a file nobody reads."""
+    state = megatron_like(out)
+    common = {"iteration": 7, "args": {"lr": 0.5}, "extra": torch.arange(3)}
+    torch.save(common, out / "common.pt")
+    (out / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1}')
+    (out / "notes.txt").write_text("x")
+    return {**state, "common": common}
+
+
+def test_sidecars_are_entries_carried_into_every_format(tmp_path: Path) -> None:
+    with_sidecars(tmp_path / "ck")
+    with open_checkpoint(tmp_path / "ck") as ckpt:
+        assert ckpt.tree.children["common"].children["args"].children["lr"].entry.value == 0.5
+        assert ckpt.entries["metadata.sharded_backend"].value == "torch_dist"
+        assert torch.equal(ckpt.read_tensor("common.extra"), torch.arange(3))
+        assert ckpt.info["notes"] == ("not carried (files DCP Studio does not read): notes.txt",)
+    for target in ("torch", "dcp", "safetensors"):
+        out = tmp_path / f"out_{target}"
+        with pytest.warns(UserWarning, match="notes.txt"):
+            result = convert(tmp_path / "ck", out, to=target)
+        assert any("notes.txt" in n for n in result.notes)
+        with open_checkpoint(out) as b:
+            assert torch.equal(b.read_tensor("common.extra"), torch.arange(3)), target
+            assert b.read_value("common.iteration") == 7 and b.read_value("metadata.sharded_backend_version") == 1
+    with open_checkpoint(tmp_path / "ck") as a, open_checkpoint(tmp_path / "out_torch") as b:
+        assert diff(a, b).equal and diff(b, a).equal
+
+
+def test_a_sidecar_that_cannot_be_read_is_named_not_dropped_unsaid(tmp_path: Path) -> None:
+    megatron_like(tmp_path / "ck")
+    code = b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93."  # a pickle naming os.system
+    (tmp_path / "ck" / "common.pt").write_bytes(code)
+    with open_checkpoint(tmp_path / "ck") as ckpt:
+        assert "decoder.weight" in ckpt.entries and not any(k.startswith("common.") for k in ckpt.entries)
+        (note,) = ckpt.info["notes"]
+        assert note.startswith("common.pt (Megatron-Core's common state) was not carried:") and "os.system" in note
