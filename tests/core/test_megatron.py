@@ -13,6 +13,7 @@ import torch
 from dcpstudio.core import convert, diff, open_checkpoint
 from dcpstudio.core.errors import CorruptCheckpointError
 from dcpstudio.core.formats.dcp_storage import read_metadata
+from dcpstudio.core.report import checkpoint_text
 from tests.conftest import dcp_save
 
 
@@ -76,6 +77,7 @@ def test_sidecars_are_entries_carried_into_every_format(tmp_path: Path) -> None:
         assert ckpt.entries["metadata.sharded_backend"].value == "torch_dist"
         assert torch.equal(ckpt.read_tensor("common.extra"), torch.arange(3))
         assert ckpt.info["notes"] == ("not carried (files DCP Studio does not read): notes.txt",)
+        assert checkpoint_text(ckpt).splitlines()[1] == f"note: {ckpt.info['notes'][0]}"
     for target in ("torch", "dcp", "safetensors"):
         out = tmp_path / f"out_{target}"
         with pytest.warns(UserWarning, match="notes.txt"):
