@@ -44,6 +44,7 @@ from ._blocks import blocks, box_slices
 from ._buffers import BufferPool
 from ._compare_values import Tally, add_block, one_torch_thread, same_bytes, sum_sq, unravel
 from ._refs import is_tensor
+from ._tree import flatten_state_dict
 from .inspect import Checkpoint
 from .model import Entry, dtype_name, refuse_expanded
 from .progress import CancelToken, ProgressCallback, Reporter
@@ -249,6 +250,29 @@ def _row(fqn: str, status: Status, ea: Entry | None, eb: Entry | None, **values:
     return EntryComparison(fqn, status, **sides, **values)
 
 
+def _folds(x: Checkpoint, y: Checkpoint) -> dict[str, list[str]]:
+    """The values of ``x`` that ``y`` holds as entries under their name (a DCP byte item of a list or
+    dict -- Megatron's ``ShardedObject`` -- is such a subtree in torch.save): name -> ``y``'s names."""
+    out: dict[str, list[str]] = {}
+    for name in y.entries:
+        parts = name.split(".")
+        for head in (".".join(parts[:k]) for k in range(1, len(parts))):
+            found = x.entries.get(head)
+            if head in y.entries:
+                break
+            if found is not None and found.kind != "tensor" and name not in x.entries:
+                out.setdefault(head, []).append(name)
+                break
+    return out
+
+
+def _folded(x: Checkpoint, y: Checkpoint, fqn: str, names: list[str], sides: tuple[Any, Any]) -> EntryComparison:
+    """A value of ``x`` against the entries ``y`` holds under its name, leaf by leaf."""
+    flat = flatten_state_dict({fqn: x.read_value(fqn)})[0]
+    same = set(flat) == set(names) and all(_objects_equal(flat[n], y.read_value(n)) for n in names)
+    return _row(fqn, "equal" if same else "different", *sides)
+
+
 def _rows(
     a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, quick: bool
 ) -> Iterator[EntryComparison]:
@@ -259,13 +283,19 @@ def _rows(
     reporter.total_bytes = sum(
         x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
     )
+    in_b, in_a = _folds(a, b), _folds(b, a)
+    folded = {n for names in (*in_b.values(), *in_a.values()) for n in names}
     with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads, one_torch_thread():
         readers = (threads, BufferPool())
         for fqn, ea in a.entries.items():
             reporter.check()
             eb = b.entries.get(fqn)
+            if fqn in in_b:
+                yield _folded(a, b, fqn, in_b[fqn], (ea, None))
+                continue
             if eb is None:
-                yield _row(fqn, "only_a", ea, None)
+                if fqn not in folded:
+                    yield _row(fqn, "only_a", ea, None)
                 continue
             if (ea.kind == "tensor") != (eb.kind == "tensor"):
                 row = _row(fqn, "kind", ea, eb)
@@ -288,7 +318,9 @@ def _rows(
             reporter.advance(0, current=fqn)
             yield row
     for fqn, eb in b.entries.items():
-        if fqn not in a.entries:
+        if fqn in in_a:
+            yield _folded(b, a, fqn, in_a[fqn], (None, eb))
+        elif fqn not in a.entries and fqn not in folded:
             yield _row(fqn, "only_b", None, eb)
 
 

@@ -98,3 +98,22 @@ def test_a_sidecar_that_cannot_be_read_is_named_not_dropped_unsaid(tmp_path: Pat
         assert "decoder.weight" in ckpt.entries and not any(k.startswith("common.") for k in ckpt.entries)
         (note,) = ckpt.info["notes"]
         assert note.startswith("common.pt (Megatron-Core's common state) was not carried:") and "os.system" in note
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_sharded_object_verifies_the_same_both_ways(tmp_path: Path, changed: bool) -> None:
+    """A byte item holding a list of dicts (Megatron's ``rng_state/shard_0_1``) is a subtree of entries
+    in torch.save: compared leaf by leaf, with the same answer whichever side is A."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    state = {"w": torch.ones(2), "rng_state/shard_0_1": [{"random": 3, "t": torch.arange(4)}]}
+    dcp_save(state, checkpoint_id=str(tmp_path / "ck"), planner=DefaultSavePlanner(flatten_state_dict=False))
+    if changed:
+        state["rng_state/shard_0_1"][0]["t"] = torch.arange(1, 5)  # type: ignore[index]
+    torch.save(state, tmp_path / "b.pt")
+    with open_checkpoint(tmp_path / "ck") as a, open_checkpoint(tmp_path / "b.pt") as b:
+        assert a.entries["rng_state/shard_0_1"].kind == "bytes" and "rng_state/shard_0_1.0.t" in b.entries
+        ab, ba = diff(a, b), diff(b, a)
+    assert ab.equal == ba.equal == (not changed)
+    assert ab.objects == ba.objects == (["rng_state/shard_0_1"] if changed else [])
+    assert not (ab.only_a or ab.only_b or ba.only_a or ba.only_b)
