@@ -24,7 +24,7 @@ from ._remote import RemotePath
 from .diff import _objects_equal
 from .dtypes import dtype_of
 from .formats.detect import detect_format
-from .inspect import open_checkpoint
+from .inspect import DCPCheckpoint, open_checkpoint
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -156,9 +156,11 @@ def load_rank(
     if rank == 0:  # a failure is broadcast too: every rank raises it instead of waiting forever
         try:
             with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+                own = ckpt.own_entries() if isinstance(ckpt, DCPCheckpoint) else ckpt.entries
                 box[0] = (
                     "ok",
-                    {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()},
+                    {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in own.items()},
+                    [f for f in ckpt.entries if f not in own],
                 )
         except Exception as e:
             box[0] = ("error", type(e).__name__, str(e))
@@ -184,6 +186,8 @@ def load_rank(
     mismatches: list[str] = []
     local_bytes = 0
     with open_checkpoint(path, trust_pickle=trust_pickle) as ckpt:
+        # a DCP's sidecars (Megatron's common.pt, ...) are read by every rank, as their frameworks do
+        target.update({fqn: ckpt.read_value(fqn) for fqn in box[0][2]})
         for fqn, value in target.items():
             if isinstance(value, DTensor):
                 local = value.to_local()

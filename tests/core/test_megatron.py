@@ -13,6 +13,7 @@ import torch
 from dcpstudio.core import convert, diff, open_checkpoint
 from dcpstudio.core.errors import CorruptCheckpointError
 from dcpstudio.core.formats.dcp_storage import read_metadata
+from dcpstudio.core.load import run_load
 from dcpstudio.core.report import checkpoint_text
 from tests.conftest import dcp_save
 
@@ -88,6 +89,8 @@ def test_sidecars_are_entries_carried_into_every_format(tmp_path: Path) -> None:
             assert b.read_value("common.iteration") == 7 and b.read_value("metadata.sharded_backend_version") == 1
     with open_checkpoint(tmp_path / "ck") as a, open_checkpoint(tmp_path / "out_torch") as b:
         assert diff(a, b).equal and diff(b, a).equal
+    reports = run_load(tmp_path / "ck", ranks=2, timeout=240)  # dcp.load was asked for common.* before
+    assert all(r.ok and r.checked == 7 for r in reports), [r.mismatches for r in reports]
 
 
 def test_a_sidecar_that_cannot_be_read_is_named_not_dropped_unsaid(tmp_path: Path) -> None:
