@@ -120,3 +120,15 @@ def test_a_sharded_object_verifies_the_same_both_ways(tmp_path: Path, changed: b
     assert ab.equal == ba.equal == (not changed)
     assert ab.objects == ba.objects == (["rng_state/shard_0_1"] if changed else [])
     assert not (ab.only_a or ab.only_b or ba.only_a or ba.only_b)
+
+
+def test_a_sidecar_whose_names_are_taken_or_not_json_is_named_not_merged(tmp_path: Path) -> None:
+    dcp_save({"common.iteration": torch.ones(1)}, checkpoint_id=str(tmp_path / "ck"))
+    torch.save({"iteration": 7}, tmp_path / "ck" / "common.pt")
+    (tmp_path / "ck" / "metadata.json").write_text("[1, 2]")
+    with open_checkpoint(tmp_path / "ck") as ckpt:
+        assert ckpt.entries["common.iteration"].kind == "tensor" and len(ckpt.entries) == 1
+        assert ckpt.info["notes"] == (
+            "common.pt (Megatron-Core's common state) was not carried: its name 'common.iteration' is taken",
+            "metadata.json (Megatron-Core's checkpoint config) was not carried: holds a list, not an object",
+        )
