@@ -43,8 +43,9 @@ _JSON_LIMIT = 1 << 20
 
 
 def sidecars_in(path: Any) -> list[str]:
-    """The known sidecar files the DCP directory ``path`` holds."""
-    return [name for name in SIDECARS if (path / name).is_file()]
+    """The known sidecar files the local DCP directory ``path`` holds (a remote DCP opens with its
+    ``.metadata`` alone: looking for them would cost a request each)."""
+    return [name for name in SIDECARS if (path / name).is_file()] if isinstance(path, Path) else []
 
 
 class _Json(Checkpoint):
