@@ -132,3 +132,22 @@ def test_a_sidecar_whose_names_are_taken_or_not_json_is_named_not_merged(tmp_pat
             "common.pt (Megatron-Core's common state) was not carried: its name 'common.iteration' is taken",
             "metadata.json (Megatron-Core's checkpoint config) was not carried: holds a list, not an object",
         )
+
+
+def test_no_payload_in_a_sidecar_runs(tmp_path: Path) -> None:
+    """A hostile ``common.pt`` / ``meta.pt`` (tests/reliability/test_hostile.py's payloads): refused by
+    the restricted unpickler, named in a note; the DCP itself opens, converts and verifies."""
+    from tests.reliability.test_hostile import _payloads, _torch_with_pickle
+
+    marker = tmp_path / "PAYLOAD_RAN"
+    for k, (name, pkl) in enumerate(_payloads(marker).items()):
+        src = tmp_path / f"ck-{name}"
+        dcp_save({"w": torch.ones(3)}, checkpoint_id=str(src))
+        sidecar = ("common.pt", "meta.pt")[k % 2]
+        _torch_with_pickle(src / sidecar, pkl)
+        convert(src, tmp_path / f"{name}.pt")
+        with open_checkpoint(src) as a, open_checkpoint(tmp_path / f"{name}.pt") as b:
+            assert list(a.entries) == ["w"] and diff(a, b).equal
+            (note,) = a.info["notes"]
+            assert note.startswith(f"{sidecar} (") and "was not carried" in note, note
+        assert not marker.exists(), f"{name} in {sidecar} ran"
