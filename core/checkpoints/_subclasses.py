@@ -20,8 +20,9 @@ from ..errors import CorruptCheckpointError, DCPStudioError, UnsupportedFormatEr
 from ..formats.torchsave.archive import TorchSaveFile
 from ..pickles.subclass import SubclassRef
 from ..pickles.tensor_io import materialize
+from .base import _read
 
-__all__ = ["Item", "dcp_subclass", "expand_subclass"]
+__all__ = ["Item", "dcp_subclass", "expand_subclass", "refuse_subclass"]
 
 Item = tuple[str, Any, tuple[str | int, ...], TorchSaveFile | None]
 
@@ -67,3 +68,13 @@ def dcp_subclass(raw: bytes, label: str, trust: bool) -> str | None:
         f"{obj.dtype.name} {list(obj.shape)}; dcp.load reads it only into a {obj.kind.split()[0]}-quantized model "
         "(convert its torch.save form instead), or leave it out with --exclude"
     )
+
+
+def refuse_subclass(files: Any, path: Any, fqn: str, c: Any, trust: bool) -> None:
+    """A DCP chunk ``c`` shorter than declared that is a tensor subclass's archive is refused by
+    name (:func:`dcp_subclass`), not as damage; ``files``: the checkpoint's open data files."""
+    label, offset, length = f"{path / (c.file or '')} ({fqn!r})", c.offset or 0, c.length or 0
+    if offset + length <= files.size(c.file or ""):
+        raw = bytes(_read(files.get(c.file or ""), offset, length, label))
+        if (message := dcp_subclass(raw, label, trust)) is not None:
+            raise UnsupportedFormatError(message)

@@ -17,6 +17,7 @@ from ..formats.detect import Format, detect_format
 from ..io.remote.locations import as_location
 from . import ROOT_KEY, Checkpoint, DCPCheckpoint, NestedDCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
 from .dcp.children import stop_index_children
+from .dcp.sidecars import DCPWithSidecars, sidecars_in
 from .shardset import ShardSetCheckpoint, shard_set_files
 
 __all__ = [
@@ -48,7 +49,8 @@ def open_checkpoint(
     p = as_location(path)
     fmt = fmt or detect_format(p)
     if fmt == "dcp":
-        return NestedDCPCheckpoint(p, trust_pickle=trust_pickle, full_index=full_index)
+        kind = DCPWithSidecars if sidecars_in(p) else NestedDCPCheckpoint
+        return kind(p, trust_pickle=trust_pickle, full_index=full_index)
     if fmt == "torch":
         ranks = shard_set_files(p) if isinstance(p, Path) else None
         if ranks is not None:

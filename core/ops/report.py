@@ -166,7 +166,8 @@ def checkpoint_text(ckpt: Checkpoint, *, chunks: bool = False) -> str:
     tensors = sum(1 for e in ckpt.entries.values() if e.kind == "tensor")
     lines = [
         f"{ckpt.path} ({ckpt.format}): {plural(tensors, 'tensor')}, "
-        f"{plural(len(ckpt.entries) - tensors, 'other value')}, {human_bytes(ckpt.tensor_bytes)}"
+        f"{plural(len(ckpt.entries) - tensors, 'other value')}, {human_bytes(ckpt.tensor_bytes)}",
+        *(f"note: {printable(n)}" for n in ckpt.info.get("notes", ())),
     ]
     remote = isinstance(ckpt.path, RemotePath)
     budget = [_SHOWN_VALUES_BUDGET, _SHOWN_VALUES_READS["remote" if remote else "local"]]

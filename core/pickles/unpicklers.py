@@ -8,8 +8,9 @@ Two pickles occur in checkpoints:
   :mod:`dcpstudio.core.pickles.refs` that *describes* the tensor (:class:`~.refs.TensorRef`) instead of
   building it. Nothing the pickle names outside the list is looked up. A storage reference becomes
   a :class:`~.refs.StorageRef`; its bytes are read only when a value is asked for.
-* DCP's ``.metadata``: torch's metadata dataclasses, read into light records with the same
-  restriction (:func:`load_light_metadata`).
+* DCP's ``.metadata``: torch's metadata dataclasses (and the save plans Megatron adds,
+  :mod:`.plan_records`), read into light records with the same restriction
+  (:func:`load_light_metadata`).
 
 The allow-list and its stand-ins are in :mod:`.stand_ins`. ``trust=True`` keeps the stand-ins
 but lets any other name be imported (full pickle semantics) for inputs the user vouches for; the
@@ -35,6 +36,7 @@ from typing import IO, Any
 from ..dtypes import BY_NAME, DType
 from ..errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
 from .guard import YieldingStream, run_with_stack, scan
+from .plan_records import PLANNER_CLASSES, WriteItemKind
 from .refs import Device, Layout, Size, StorageType, TensorRef
 from .stand_ins import REBUILD, TORCH_SAVE_GLOBALS, LazyStorages, _rebuild_tensor_v2, _rebuild_tensor_v3, get_layout
 from .subclass import ForeignNames, check_contained
@@ -238,16 +240,14 @@ class MemoryFormat(int):
 
 
 def _light_class(module: str, name: str) -> Any:
-    if name == "TensorProperties":
-        return LightProperties
-    if name == "_MEM_FORMAT_ENCODING":
-        return MemoryFormat
-    return type(name, (LightRecord,), {"__module__": __name__, "torch_global": (module, name)})
+    special = {"TensorProperties": LightProperties, "_MEM_FORMAT_ENCODING": MemoryFormat}
+    special["WriteItemType"] = WriteItemKind
+    return special.get(name) or type(name, (LightRecord,), {"__module__": __name__, "torch_global": (module, name)})
 
 
 LIGHT_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
     **PLAIN_GLOBALS,
-    **{key: _light_class(*key) for key in DCP_METADATA_CLASSES},
+    **{key: _light_class(*key) for key in (*DCP_METADATA_CLASSES, *PLANNER_CLASSES, WriteItemKind.torch_global)},
     ("torch", "Size"): tuple,
     ("torch.serialization", "_get_layout"): get_layout,
     **{("torch", name): dtype for name, dtype in BY_NAME.items()},

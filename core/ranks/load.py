@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoints.opening import open_checkpoint
+from ..checkpoints.opening import DCPCheckpoint, open_checkpoint
 from ..dtypes import dtype_of
 from ..formats.detect import detect_format
 from ..io.blocks import box_slices
 from ..io.remote.locations import RemotePath
-from ..ops.compare.diff import _objects_equal
+from ..ops.compare.values import objects_equal
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -158,8 +158,10 @@ def load_rank(
         if rank == 0:  # a failure is broadcast too: every rank raises it instead of waiting forever
             try:
                 ckpt = opened.enter_context(open_checkpoint(path, trust_pickle=trust_pickle))
-                structure = {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()}
-                box[0] = ("ok", structure, ckpt.format)  # the format too: no rank detects it again
+                own = ckpt.own_entries() if isinstance(ckpt, DCPCheckpoint) else ckpt.entries
+                structure = {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in own.items()}
+                sidecars = [f for f in ckpt.entries if f not in own]
+                box[0] = ("ok", structure, ckpt.format, sidecars)  # the format too: no rank detects it again
             except Exception as e:
                 box[0] = ("error", type(e).__name__, str(e))
         dist.broadcast_object_list(box, src=0)
@@ -186,6 +188,8 @@ def load_rank(
         report("loaded", 0.7)
         mismatches: list[str] = []
         local_bytes = 0
+        # a DCP's sidecars (Megatron's common.pt, ...) are read by every rank, as their frameworks do
+        target.update({fqn: ckpt.read_value(fqn) for fqn in box[0][3]})
         for fqn, value in target.items():
             if isinstance(value, DTensor):
                 local = value.to_local()
@@ -197,7 +201,7 @@ def load_rank(
                         got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)
                     ):
                         mismatches.append(fqn)
-            elif not _objects_equal(value, ckpt.read_value(fqn)):
+            elif not objects_equal(value, ckpt.read_value(fqn)):
                 mismatches.append(fqn)
         report("checked", 1.0)
         return RankReport(

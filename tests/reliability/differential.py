@@ -97,7 +97,28 @@ def _metadata(rng: random.Random) -> tuple[Any, list[str]]:
             tricks.append("key-set-twice")
             storage[MetadataIndex(name, chunks[0].offsets)] = _StorageInfo(file, 3, 5)  # the later value is kept
     planner = {fqn: tuple(fqn.split(".")) for fqn in sdm}
-    return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage), tricks
+    md = Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)
+    if rng.random() < 0.3:  # as Megatron-Core's torch_dist saves: every rank's plan, after the index
+        md.all_local_plans = _save_plans(sdm)  # type: ignore[attr-defined]
+        tricks.append("save-plans")
+    return md, tricks
+
+
+def _save_plans(sdm: dict[str, Any]) -> list[Any]:
+    """One ``SavePlan`` holding a write item per chunk and byte item (their records shaped as the
+    index's: chunk records, ``MetadataIndex`` keys, ``torch.Size``)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    items = []
+    for fqn, smd in sdm.items():
+        if not isinstance(smd, TensorStorageMetadata):
+            items.append(WriteItem(MetadataIndex(fqn), WriteItemType.BYTE_IO))
+            continue
+        for c in smd.chunks:
+            data = TensorWriteData(c, smd.properties, smd.size)
+            items.append(WriteItem(MetadataIndex(fqn, c.offsets), WriteItemType.SHARD, tensor_data=data))
+    return [SavePlan(items, planner_data={}), SavePlan([], usable=True)]
 
 
 def _ops(data: bytes) -> list[tuple[str, bytes]]:

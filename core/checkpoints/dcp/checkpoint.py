@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from ...errors import CancelledError, CorruptCheckpointError, DCPStudioError, UnsafePickleError, UnsupportedFormatError
+from ...errors import CancelledError, CorruptCheckpointError, DCPStudioError, UnsafePickleError
 from ...formats.dcp.files import METADATA_FILE, check_tiling, decode_item, open_chunk, volume
 from ...formats.dcp.index import DCPIndex
 from ...formats.detect import Format
@@ -26,7 +26,7 @@ from ...io.raw import FileRange, read_box, read_exact, source_of
 from ...pickles.refs import StorageRef
 from ...pickles.tensor_io import to_bytes
 from ...pickles.unpicklers import gc_paused, load_light_metadata, load_light_metadata_head
-from .._subclasses import dcp_subclass
+from .._subclasses import refuse_subclass
 from ..base import Checkpoint, Region, _box, _OpenFiles, _overlaps, _place, _read, _row_slabs
 from ..model import Chunk, Entry, Node, build_tree
 from .children import build_in_child, cancel_child, finish_child, index_in_child, parse_in_child, stop_child
@@ -68,9 +68,8 @@ class DCPCheckpoint(Checkpoint):
         self._trust = trust_pickle
         self._index: DCPIndex | None = None
         self._md: Any = None
-        self._data = b""
-        self._head_only = False
-        self._head: Head | None = None  # a large .metadata's head, read by .dcp_fast
+        self._data, self._head_only = b"", False
+        self._head: Head | None = None  # a large .metadata's head, read by .fast
         self._building = threading.Lock()  # one thread builds the index; others asking wait for it
         self._refused: Exception | None = None
         # read once: the cache key, the parse here and the child's parse all come from these bytes
@@ -158,7 +157,7 @@ class DCPCheckpoint(Checkpoint):
             built = build_in_child(self._data, str(md_path))
         if built is not None:
             index, entries = built
-            if not same_entries(entries, self.entries):  # the same bytes: head and whole disagree
+            if not same_entries(entries, self.own_entries()):  # the same bytes: head and whole disagree
                 raise ambiguous(str(md_path))
             if self._head is not None:
                 check_head(self._head, entries, index, str(md_path))
@@ -172,7 +171,11 @@ class DCPCheckpoint(Checkpoint):
                 raise ambiguous(str(md_path))
             head, self._md, self._head_only = self._md, full, False
             dispose(head)
-        return self._indexed(index_of(self._md, self.entries, str(md_path)))
+        return self._indexed(index_of(self._md, self.own_entries(), str(md_path)))
+
+    def own_entries(self) -> dict[str, Entry]:
+        """The entries the ``.metadata`` lists (a subclass may add others)."""
+        return self.entries
 
     def _indexed(self, index: DCPIndex) -> DCPIndex:
         """Take ``index`` as the storage index: sizes of byte items, the cache; free the records."""
@@ -252,7 +255,7 @@ class DCPCheckpoint(Checkpoint):
             assert entry.dtype is not None
             for c in out:  # a plain chunk's archive holds its bytes: it cannot be smaller than them
                 if not transforms[c.offsets] and volume(c.sizes) * entry.dtype.itemsize > (c.length or 0):
-                    self._refuse_subclass(fqn, c)
+                    refuse_subclass(self._files, self.path, fqn, c, self._trust)
                     raise CorruptCheckpointError(
                         f"{label}: the chunk at {list(c.offsets)} declares {list(c.sizes)} but stores only "
                         f"{c.length} bytes"
@@ -260,15 +263,6 @@ class DCPCheckpoint(Checkpoint):
         self._transforms[fqn] = transforms
         self._chunks[fqn] = out
         return out
-
-    def _refuse_subclass(self, fqn: str, c: Chunk) -> None:
-        """A short chunk that is a tensor subclass's archive is refused by name, not as damage."""
-        label, offset, length = f"{self.path / (c.file or '')} ({fqn!r})", c.offset or 0, c.length or 0
-        if offset + length > self._files.size(c.file or ""):
-            return
-        message = dcp_subclass(bytes(_read(self._files.get(c.file or ""), offset, length, label)), label, self._trust)
-        if message is not None:
-            raise UnsupportedFormatError(message)
 
     def _item_bytes(self, c: Chunk, fqn: str, limit: int) -> tuple[IO[bytes], int, int, str]:
         """Where a stored item's archive lies: in its data file, or (transformed) decoded in memory.

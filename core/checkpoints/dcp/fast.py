@@ -49,6 +49,7 @@ _ENTRY: Any = Entry  # mapped over columns
 _SECOND: Any = itemgetter(1)
 _THIRD: Any = itemgetter(2)
 _ONE_INT = re.compile(INT)
+_PLANS = b"all_local_plans"  # Metadata.all_local_plans (see ...pickles.plan_records)
 
 
 def _int(raw: bytes) -> int:
@@ -110,6 +111,8 @@ def fast_index(data: bytes, label: str) -> tuple[DCPIndex, dict[str, Entry]] | N
     """``(index, entries)`` of the ``.metadata`` bytes ``data``, or None when the stream is not one this
     parser reads exactly as the unpickler would (the caller parses it the generic way, and reports
     what is wrong with it)."""
+    if _PLANS in data:  # Megatron's save plans refer to the records the runs would cut: never taken
+        return None
     found = unframed(data)
     if found is None or not found[0].endswith(b"."):
         return None

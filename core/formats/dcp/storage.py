@@ -35,8 +35,9 @@ from ...errors import CorruptCheckpointError, DCPStudioError, UnsafePickleError,
 from ...io.files import file_size, member_path, open_member, read_regular
 from ...io.raw import contiguous_span, read_exact, swap_bytes, tensor_buffer
 from ...io.remote.locations import as_location, is_url
+from ...pickles.plan_records import PLANNER_CLASSES, WriteItemKind
 from ...pickles.stand_ins import get_layout
-from ...pickles.unpicklers import DCP_METADATA_CLASSES, PLAIN_GLOBALS, _load, _unsafe_metadata
+from ...pickles.unpicklers import DCP_METADATA_CLASSES, LIGHT_METADATA_GLOBALS, PLAIN_GLOBALS, _load, _unsafe_metadata
 from ..torchsave.archive import VALUE_LIMIT
 from .files import METADATA_FILE, METADATA_LIMIT, check_tiling, decode_item, open_chunk
 from .transforms import undo_transforms
@@ -66,6 +67,7 @@ def _metadata_globals() -> dict[tuple[str, str], Any]:
             found[(module, name)] = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):
             continue  # e.g. _hf_utils on older torch
+    found.update({key: LIGHT_METADATA_GLOBALS[key] for key in (*PLANNER_CLASSES, WriteItemKind.torch_global)})
     found[("torch", "Size")] = torch.Size
     found[("torch.serialization", "_get_layout")] = lambda name: getattr(torch, str(get_layout(name)).split(".", 1)[1])
     for name in dir(torch):

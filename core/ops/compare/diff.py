@@ -33,7 +33,6 @@ reads A's equal blocks of that tensor again (until then it only checks whether `
 from __future__ import annotations
 
 import contextvars
-import math
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -44,10 +43,10 @@ from ...checkpoints.model import Entry, dtype_name, refuse_expanded
 from ...checkpoints.opening import Checkpoint
 from ...io.blocks import blocks, box_slices
 from ...io.buffers import BufferPool
-from ...pickles.refs import is_tensor
 from ...pickles.tensor_io import numeric
+from ...pickles.tree import flatten_state_dict
 from ...progress import CancelToken, ProgressCallback, Reporter
-from .values import Tally, add_block, one_torch_thread, same_bytes, sum_sq, unravel
+from .values import Tally, add_block, objects_equal, one_torch_thread, same_bytes, sum_sq, unravel
 
 if TYPE_CHECKING:
     import torch
@@ -118,30 +117,6 @@ class DiffReport:
     @property
     def equal(self) -> bool:
         return not (self.only_a or self.only_b or self.kind or self.dtype or self.shape or self.values or self.objects)
-
-
-def _objects_equal(x: Any, y: Any) -> bool:
-    if is_tensor(x) or is_tensor(y):
-        import torch
-
-        return (
-            isinstance(x, torch.Tensor)
-            and isinstance(y, torch.Tensor)
-            and x.dtype == y.dtype
-            and x.shape == y.shape
-            and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
-        )
-    if isinstance(x, dict) and isinstance(y, dict):
-        ys = {str(k): w for k, w in y.items()}
-        return {str(k) for k in x} == set(ys) and all(_objects_equal(v, ys[str(k)]) for k, v in x.items())
-    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-        return len(x) == len(y) and all(_objects_equal(v, w) for v, w in zip(x, y, strict=True))
-    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
-        return True  # the same value, stored twice (NaN != NaN)
-    try:
-        return bool(x == y)
-    except Exception:
-        return False
 
 
 PAIR_BUDGET = 8 << 20
@@ -255,6 +230,29 @@ def _row(fqn: str, status: Status, ea: Entry | None, eb: Entry | None, **values:
     return EntryComparison(fqn, status, **sides, **values)
 
 
+def _folds(x: Checkpoint, y: Checkpoint) -> dict[str, list[str]]:
+    """The values of ``x`` that ``y`` holds as entries under their name (a DCP byte item of a list or
+    dict -- Megatron's ``ShardedObject`` -- is such a subtree in torch.save): name -> ``y``'s names."""
+    out: dict[str, list[str]] = {}
+    for name in y.entries:
+        parts = name.split(".")
+        for head in (".".join(parts[:k]) for k in range(1, len(parts))):
+            found = x.entries.get(head)
+            if head in y.entries:
+                break
+            if found is not None and found.kind != "tensor" and name not in x.entries:
+                out.setdefault(head, []).append(name)
+                break
+    return out
+
+
+def _folded(x: Checkpoint, y: Checkpoint, fqn: str, names: list[str], sides: tuple[Any, Any]) -> EntryComparison:
+    """A value of ``x`` against the entries ``y`` holds under its name, leaf by leaf."""
+    flat = flatten_state_dict({fqn: x.read_value(fqn)})[0]
+    same = set(flat) == set(names) and all(objects_equal(flat[n], y.read_value(n)) for n in names)
+    return _row(fqn, "equal" if same else "different", *sides)
+
+
 def _rows(
     a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, quick: bool
 ) -> Iterator[EntryComparison]:
@@ -265,18 +263,24 @@ def _rows(
     reporter.total_bytes = sum(
         x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
     )
+    in_b, in_a = _folds(a, b), _folds(b, a)
+    folded = {n for names in (*in_b.values(), *in_a.values()) for n in names}
     with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads, one_torch_thread():
         readers = (threads, BufferPool())
         for fqn, ea in a.entries.items():
             reporter.check()
             eb = b.entries.get(fqn)
+            if fqn in in_b:
+                yield _folded(a, b, fqn, in_b[fqn], (ea, None))
+                continue
             if eb is None:
-                yield _row(fqn, "only_a", ea, None)
+                if fqn not in folded:
+                    yield _row(fqn, "only_a", ea, None)
                 continue
             if (ea.kind == "tensor") != (eb.kind == "tensor"):
                 row = _row(fqn, "kind", ea, eb)
             elif ea.kind != "tensor":
-                equal = _objects_equal(a.read_value(fqn), b.read_value(fqn))
+                equal = objects_equal(a.read_value(fqn), b.read_value(fqn))
                 row = _row(fqn, "equal" if equal else "different", ea, eb)
             elif ea.shape != eb.shape:
                 row = _row(fqn, "shape", ea, eb)
@@ -294,7 +298,9 @@ def _rows(
             reporter.advance(0, current=fqn)
             yield row
     for fqn, eb in b.entries.items():
-        if fqn not in a.entries:
+        if fqn in in_a:
+            yield _folded(b, a, fqn, in_a[fqn], (None, eb))
+        elif fqn not in a.entries and fqn not in folded:
             yield _row(fqn, "only_b", None, eb)
 
 

@@ -15,14 +15,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ...pickles.refs import is_tensor
 
 if TYPE_CHECKING:
     import torch
 
 _SPARSE = 8  # a block with at most 1 differing pair in this many is compared on those pairs alone
 
-__all__ = ["Tally", "add_block", "first_mismatch", "same_bytes", "sum_sq"]
+__all__ = ["Tally", "add_block", "first_mismatch", "objects_equal", "same_bytes", "sum_sq"]
 
 
 @dataclass
@@ -300,3 +302,29 @@ def unravel(flat: int, offsets: Sequence[int], sizes: Sequence[int]) -> tuple[in
         flat, i = divmod(flat, n)
         index.append(o + i)
     return tuple(reversed(index))
+
+
+def objects_equal(x: Any, y: Any) -> bool:
+    """Two values (tensors bit for bit, with dtype and shape; containers element by element; NaN
+    equal to NaN) are the same value."""
+    if is_tensor(x) or is_tensor(y):
+        import torch
+
+        return (
+            isinstance(x, torch.Tensor)
+            and isinstance(y, torch.Tensor)
+            and x.dtype == y.dtype
+            and x.shape == y.shape
+            and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+        )
+    if isinstance(x, dict) and isinstance(y, dict):
+        ys = {str(k): w for k, w in y.items()}
+        return {str(k) for k in x} == set(ys) and all(objects_equal(v, ys[str(k)]) for k, v in x.items())
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return len(x) == len(y) and all(objects_equal(v, w) for v, w in zip(x, y, strict=True))
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True  # the same value, stored twice (NaN != NaN)
+    try:
+        return bool(x == y)
+    except Exception:
+        return False

@@ -315,7 +315,7 @@ def convert(
         else open_checkpoint(src_p, trust_pickle=trust_pickle, fmt=fmt, dequantize=dequantize)
     )
     with opened as ckpt:
-        selection_notes = tuple(transform.keep.check(ckpt.entries, allow_empty=allow_empty))
+        selection_notes = (*ckpt.info.get("notes", ()), *transform.keep.check(ckpt.entries, allow_empty=allow_empty))
         for note in selection_notes:
             warnings.warn(note, stacklevel=2)
         plan = _plan(ckpt, transform, views=target == "torch")
