@@ -98,7 +98,7 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3": {
         **_COMMON, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": DIM // HEADS, "intermediate_size": HIDDEN,
-        "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+        "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 500000.0, "max_position_embeddings": 16384,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
     },
@@ -206,7 +206,7 @@ def _save_one(rank: int, name: str, out: str) -> None:
     from torchtitan.components.checkpointer.base import ModelWrapper
 
     model = build_model(name)
-    for layer in model.layers.values():
+    for layer in model.layers.values():  # type: ignore[operator]
         fully_shard(layer)
     fully_shard(model)
     state = ModelWrapper(model).state_dict()
@@ -255,5 +255,6 @@ def produce(names: tuple[str, ...], root: Path, timeout: float = 300.0) -> dict[
         adapter_hf.mkdir()
         save_file({k: v.contiguous() for k, v in hf.items()}, str(adapter_hf / "model.safetensors"), {"format": "pt"})
         (adapter_hf / "config.json").write_text((assets / "config.json").read_text())
-        made[name] = Produced(name, MAPPINGS[name], where / "dcp", assets / "config.json", assets, adapter_hf, reference)
+        config = assets / "config.json"
+        made[name] = Produced(name, MAPPINGS[name], where / "dcp", config, assets, adapter_hf, reference)
     return made
