@@ -1,7 +1,7 @@
 """The rows of a mapping's plan for the preview table: one per destination entry (its sources,
 the operations, its name, shape and dtype), and one per entry the config implies that the source
-lacks. A row the mapping refuses -- a source entry no rule consumes, an absent entry -- carries
-its reason: it is listed first, highlighted, and the reason is its tooltip. A thin adapter over
+lacks. A row no rule made -- a source entry refused or passed through unchanged, an absent entry --
+carries its reason: it is listed first, highlighted, and the reason is its tooltip. A thin adapter over
 :class:`~dcpstudio.core.ops.mappings.Plan`: the plan is core's, nothing is decided here."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class PlanRow:
 
 
 def plan_rows(plan: Plan, refused: bool) -> list[PlanRow]:
-    """The plan's rows, the refused ones first. ``refused``: the plan was made passing unmatched
+    """The plan's rows, those no rule made first. ``refused``: the plan was made passing unmatched
     entries through only to show them; the mapping itself refuses them."""
     unmatched = set(plan.unmatched)
     rows, problems = [], []
@@ -40,7 +40,8 @@ def plan_rows(plan: Plan, refused: bool) -> list[PlanRow]:
                 why = f"matches no rule of {plan.mapping.name} (Pass unmatched through writes it as it is)"
                 problems.append(PlanRow((src, "no rule", "", shape, dtype), why))
             else:
-                rows.append(PlanRow((src, "passed through", o.name, shape, dtype), "matches no rule: written as it is"))
+                why = "matches no rule: written as it is"
+                problems.append(PlanRow((src, "passed through", o.name, shape, dtype), why))
             continue
         ops = " ".join(op.text() for op in o.ops) or ("as is" if o.name == o.sources[0] else "rename")
         rows.append(PlanRow((src, ops, o.name, shape, dtype)))
