@@ -68,7 +68,10 @@ def test_preview_convert_and_verify_through_the_mapping(
     finish(qtbot, window, "verify")
     lines = panel.report.toPlainText().splitlines()
     assert panel.last_diff is not None and panel.last_diff.equal, lines
-    assert lines[:2] == ["equal: 21 entries compared", "A is the source through torchtitan-llama3 (hf names): 21 entries"]
+    assert lines[:2] == [
+        "equal: 21 entries compared",
+        "A is the source through torchtitan-llama3 (hf names): 21 entries",
+    ]
     panel.rtol.setText("1e-3")
     assert panel.verify() is None and "rtol/atol do not apply with a mapping" in panel.report.toPlainText()
 
@@ -86,7 +89,8 @@ def test_unmatched_entry_is_highlighted_and_convert_refused(qtbot: Any, window: 
     assert choice.dialog.summary.text().startswith("Refused: 1 entries match no rule of torchtitan-llama3")
 
     assert panel.convert("safetensors", dst=tmp_path / "hf") is None
-    assert panel.report.toPlainText().startswith("Not started: 1 entries match no rule") and panel.outcome.state == "error"
+    assert panel.report.toPlainText().startswith("Not started: 1 entries match no rule")
+    assert panel.outcome.state == "error"
     assert not (tmp_path / "hf").exists()
     panel.split.setText("1GB")
     assert panel.convert("dcp", dst=tmp_path / "titan2") is None
