@@ -213,9 +213,17 @@ class MappingChoice(QObject):
         lay.addWidget(self.config, 1)
         lay.addWidget(browse)
         lay.addWidget(self.preview_button)
-        self.dialog = PlanDialog(self.allow, parent)
+        self._parent = parent
+        self._dialog: PlanDialog | None = None
         self.changed.connect(self._enable)
         self._enable(False)
+
+    @property
+    def dialog(self) -> PlanDialog:
+        """The preview, made when first shown (the window starts without it)."""
+        if self._dialog is None:
+            self._dialog = PlanDialog(self.allow, self._parent)
+        return self._dialog
 
     def spec(self) -> str | None:
         data = self.choice.currentData()
@@ -265,7 +273,7 @@ class MappingChoice(QObject):
     def _planned(self, preview: Preview, show: bool) -> None:
         self.preview = preview
         set_state(self.preview_button, "error" if preview.refusal else "")
-        if show or self.dialog.isVisible():
+        if show or (self._dialog is not None and self._dialog.isVisible()):
             self.dialog.show_preview(preview)
             self.dialog.show()
             self.dialog.raise_()
@@ -293,5 +301,5 @@ class MappingChoice(QObject):
         self.row.setEnabled(active)
         if active and not self.config.text():
             self.config.setFocus()
-        if not active:
-            self.dialog.close()
+        if not active and self._dialog is not None:
+            self._dialog.close()
