@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core import ConversionResult, DiffReport, ExpansionError, convert
 from dcpstudio.core.ops.convert.convert import parse_size
+from dcpstudio.core.ops.mappings import MappingError
 from dcpstudio.core.ops.report import human_bytes, plural
 from dcpstudio.core.ops.verify import Verification, verify
 
@@ -31,6 +32,7 @@ from ..context import Context
 from ..locations import Location, is_remote, location, name_of
 from ..workers import Job
 from .drop_button import DropButton
+from .mapping_choice import MappingChoice, MappingRequest
 from .outcome import HEIGHT, OutcomeBox
 
 __all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "suggest_destination"]
@@ -39,6 +41,7 @@ TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safe
 REPORT_HEIGHT = HEIGHT
 SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
 _KINDS = ("convert", "verify")
+_CAST_TIP = "Cast floating-point tensors (every target format)"
 
 
 def suggest_destination(target: str, src: Location, local_dir: str | None = None) -> Path:
@@ -92,6 +95,7 @@ class ConvertPanel(QWidget):
         self.choose_destination = self._ask_destination  # replaced by the window (and tests)
         self.last_result: ConversionResult | None = None
         self.last_diff: DiffReport | None = None
+        self.last_mapping: MappingRequest | None = None  # what the last result was mapped with
         self.buttons: dict[str, DropButton] = {}
         row = QHBoxLayout()
         for n, (target, title) in enumerate(TARGETS.items(), start=1):
@@ -107,7 +111,7 @@ class ConvertPanel(QWidget):
         self.exclude.setPlaceholderText("regex, e.g. ^optim\\.")
         self.dtype = QComboBox()
         self.dtype.addItems(["keep dtypes", "bf16", "fp16", "fp32"])
-        self.dtype.setToolTip("Cast floating-point tensors (every target format)")
+        self.dtype.setToolTip(_CAST_TIP)
         self.split = QLineEdit()
         self.split.setPlaceholderText("e.g. 5GB (empty: one file)")
         self.split.setToolTip("Split DCP data files / safetensors shards at this size (empty: one file)")
@@ -122,6 +126,10 @@ class ConvertPanel(QWidget):
         ):
             form.addWidget(QLabel(title), n // 2, 2 * (n % 2))
             form.addWidget(field, n // 2, 2 * (n % 2) + 1)
+        self.mapping = MappingChoice(ctx, self)
+        self.mapping.changed.connect(self._mapping_changed)
+        for column, field in enumerate((QLabel("Mapping"), self.mapping.choice, QLabel("Config"), self.mapping.row)):
+            form.addWidget(field, 2, column)
         form.setColumnStretch(1, 1)
         form.setColumnStretch(3, 1)
         self.progress = QProgressBar()
@@ -190,29 +198,40 @@ class ConvertPanel(QWidget):
         """Forget the last outcome (another checkpoint was opened)."""
         if self.busy:
             return
-        self.last_result = self.last_diff = None
+        self.last_result = self.last_diff = self.last_mapping = None
         self.report.clear()
         self.set_busy(False)
 
     def keep_for(self, path: object) -> None:
         """A checkpoint was opened: keep the outcome if it concerns ``path`` (its source or result)."""
+        self.mapping.refresh()
         r = self.last_result
         if r is None or not (_same(path, r.src) or _same(path, r.dst)):
             self.reset()
 
+    def _mapping_changed(self, active: bool) -> None:
+        """A mapping says what is written: selection and cast do not apply (as the CLI refuses them)."""
+        for field in (self.include, self.exclude, self.dtype):
+            field.setEnabled(not active)
+            tip = _CAST_TIP if field is self.dtype else ""
+            field.setToolTip("Does not apply with a mapping: the mapping says what is written" if active else tip)
+
     def options(self, target: str) -> dict[str, object]:
-        opts: dict[str, object] = {
+        mapped = self.mapping.spec() is not None
+        opts: dict[str, object] = {} if mapped else {
             "include": self.include.text() or None,
             "exclude": self.exclude.text() or None,
             "dtype": None if self.dtype.currentIndex() == 0 else self.dtype.currentText(),
-        }
+        }  # fmt: skip
         split = self.split.text().strip() or None
         if split is not None:
             parse_size(split)  # a bad size is reported before anything starts
             if target == "safetensors":
                 opts["max_shard_size"] = split
-            elif target == "dcp":
+            elif target == "dcp" and not mapped:
                 opts["max_file_size"] = split
+            elif mapped:
+                raise ValueError(f"Split at {split}: with a mapping, only safetensors shards split; clear the field")
             else:  # nothing silent: a torch.save checkpoint is one file
                 raise ValueError(
                     f"Split at {split}: a torch.save checkpoint is one file; clear the field, or convert to DCP or "
@@ -239,8 +258,13 @@ class ConvertPanel(QWidget):
             return None
         try:
             options = self.options(target)
+            request = self.mapping.request()
         except ValueError as e:
             self._refused(e)
+            return None
+        refusal = self.mapping.refusal_for(source, request) if request is not None else None
+        if refusal is not None:  # the preview showed it: said here, before a destination is asked
+            self._refused(MappingError(refusal))
             return None
         chosen = dst or self.choose_destination(target, source)
         if chosen is None:
@@ -261,7 +285,7 @@ class ConvertPanel(QWidget):
             if not self.ctx.confirm(f"{dst} exists. Replace it?"):
                 return None
             overwrite = True
-        self.last_result = None
+        self.last_result, self.last_mapping = None, request
         self.set_busy(True, f"Converting {name_of(source)} → {name_of(dst)}")
 
         def work(progress: Any, cancel: Any) -> ConversionResult:
@@ -278,13 +302,19 @@ class ConvertPanel(QWidget):
                     **options,
                 )
 
-        cast = options["dtype"]
+        fn = (
+            work
+            if request is None
+            else request.convert_work(source, dst, target, overwrite, options.get("max_shard_size"))
+        )
+        cast = options.get("dtype")
         job = self.ctx.start(
-            "convert", work, lambda r: self._converted(r, cast), lambda: self.set_busy(False), self._progress
+            "convert", fn, lambda r: self._converted(r, cast), lambda: self.set_busy(False), self._progress
         )
         job.cancelled.connect(lambda: self.report.setPlainText("Cancelled; nothing was written."))
         job.errored.connect(lambda e: self.outcome.show_outcome(f"Failed: {e}", "error"))
-        job.errored.connect(lambda e: self._expanded(e, target, source, dst))
+        if request is None:
+            job.errored.connect(lambda e: self._expanded(e, target, source, dst))
         return job
 
     def _expanded(self, e: object, target: str, source: object, dst: object) -> None:
@@ -339,17 +369,23 @@ class ConvertPanel(QWidget):
         except ValueError as e:
             self._refused(e)
             return None
+        if self.last_mapping is not None and (rtol or atol):
+            self._refused(ValueError("rtol/atol do not apply with a mapping: it moves values, so they compare exactly"))
+            return None
         a, b, transform = self.last_result.src, self.last_result.dst, self.last_result.transform
         self.set_busy(True, f"Verifying {name_of(a)} against {name_of(b)}")
 
         def work(progress: Any, cancel: Any) -> Verification:
             return verify(a, b, transform=transform, rtol=rtol, atol=atol, progress=progress, cancel=cancel)
 
+        mapping = self.last_mapping  # through it: each tensor recomputed from the source
+        fn = work if mapping is None else mapping.verify_work(a, b)
+
         def done(result: Verification) -> None:
             self.last_diff = result.report
             self.outcome.show_outcome(result.text(), "ok" if result.equal else "differ")
 
-        job = self.ctx.start("verify", work, done, lambda: self.set_busy(False), self._progress)
+        job = self.ctx.start("verify", fn, done, lambda: self.set_busy(False), self._progress)
         job.cancelled.connect(lambda: self.report.setPlainText("Verification cancelled."))
         job.errored.connect(lambda e: self.outcome.show_outcome(f"Verification failed: {e}", "error"))
         return job
