@@ -28,6 +28,7 @@ class JobBoard:
         self._on_change = on_change or (lambda: None)
         self.jobs: dict[str, Job] = {}
         self.retired: set[Job] = set()  # cancelled jobs whose threads have not ended yet
+        self.closed = False  # stop_all ran: the window is closing, nothing new starts
 
     def start(
         self,
@@ -43,6 +44,7 @@ class JobBoard:
             self.retired.add(old)
             old.finished.connect(lambda o=old: self._dispose(o))
         elif old is not None:
+            old.wait(1_000)  # its thread has signalled the end: let it exit before the QThread goes
             old.deleteLater()  # finished and replaced: its callbacks (and what they hold) go with it
         job = Job(fn, kind, self._owner)
         job.result.connect(on_result)
@@ -53,12 +55,15 @@ class JobBoard:
             job.progress.connect(on_progress)
         job.finished.connect(self._on_change)
         self.jobs[kind] = job
+        if self.closed:  # a result queued before the close asked for more work: none runs, so the
+            return job  # window's destruction never meets a running thread (Qt aborts on that)
         job.start()
         self._on_change()
         return job
 
     def _dispose(self, job: Job) -> None:
         self.retired.discard(job)
+        job.wait(1_000)  # ``finished`` comes from the thread just before it exits: let it exit first
         job.deleteLater()
 
     def cancel(self, kind: str) -> None:
@@ -70,6 +75,7 @@ class JobBoard:
         """Cancel every job and wait, at most ``timeout_ms`` for all, for their threads to end (the
         window is closing). Those still running -- stuck where they cannot see the cancel -- are
         abandoned (:meth:`Job.abandon`) and returned."""
+        self.closed = True
         jobs = [*self.jobs.values(), *self.retired]
         for job in jobs:
             if job.running:

@@ -123,6 +123,9 @@ class Job(QObject):
         self.running = False
         if self in _ABANDONED:
             _ABANDONED.discard(self)
+            # QThread's finished() is emitted from the thread just before it exits: destroying the
+            # QThread before it has is fatal ("Destroyed while thread is still running")
+            self._thread.wait(1_000)
             self.deleteLater()
         self.finished.emit()
 

@@ -54,3 +54,19 @@ def test_closing_with_stuck_jobs_exits_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.returncode, err[-2000:])
     assert took < 6, f"exited {took:.1f} s after the close"  # the bounded wait is 2 s for all jobs
     assert "QThread" not in err and "Abort" not in err and "Traceback" not in err, err
+
+
+def test_no_job_starts_once_the_board_has_stopped(qapp: object) -> None:
+    """A result queued before the window closed may ask for more work (the tree shown, then the
+    background import of torch): nothing starts, so the window's destruction never meets a running
+    QThread -- Qt aborts the process on that ("Destroyed while thread is still running")."""
+    from PySide6.QtCore import QObject
+
+    from dcpstudio.window.jobs import JobBoard
+
+    owner = QObject()
+    board = JobBoard(owner, on_error=lambda kind, error, job: None)
+    board.stop_all()
+    job = board.start("late", lambda progress, cancel: time.sleep(5), lambda result: None)
+    assert not job.is_alive() and not job.running
+    del owner  # destroying the owner (and the job's QThread) is safe: it never ran
