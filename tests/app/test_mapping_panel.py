@@ -54,6 +54,10 @@ def test_preview_convert_and_verify_through_the_mapping(
     assert _cell(model, 0, 0, Qt.ItemDataRole.BackgroundRole) is None
     assert not panel.include.isEnabled() and not panel.dtype.isEnabled()
 
+    asked: list[Path | None] = []  # a mapped safetensors output is proposed as a Hugging Face folder
+    window.save_path = lambda title, suggestion, filters: asked.append(suggestion)  # type: ignore[method-assign]
+    assert panel.convert("safetensors") is None and asked[0] is not None
+    assert asked[0].name == f"{src.name}_hf" and not asked[0].suffix
     panel.convert("safetensors", dst=tmp_path / "hf")
     finish(qtbot, window, "convert")
     assert panel.outcome.state == "ok", panel.report.toPlainText()

@@ -39,7 +39,9 @@ __all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "suggest_destinati
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
 REPORT_HEIGHT = HEIGHT
-SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors"}
+SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors", "hf": "_hf"}
+"""What a suggested destination ends with; ``hf``: a mapped safetensors output, a Hugging Face folder
+(its shards, index and config.json), not one file."""
 _KINDS = ("convert", "verify")
 _CAST_TIP = "Cast floating-point tensors (every target format)"
 
@@ -242,7 +244,8 @@ class ConvertPanel(QWidget):
     # -- converting -----------------------------------------------------------------------------------
     def _ask_destination(self, target: str, src: Location) -> Path | None:
         suggestion = suggest_destination(target, src, self.ctx.settings.last_dir())
-        return self.ctx.save_path(f"Convert {name_of(src)} to {TARGETS[target][2:]}", suggestion, "")
+        what = TARGETS[target][2:] if target in TARGETS else "a Hugging Face folder"
+        return self.ctx.save_path(f"Convert {name_of(src)} to {what}", suggestion, "")
 
     def convert(
         self, target: str, src: object = None, dst: object = None, *, allow_expansion: bool = False
@@ -266,7 +269,8 @@ class ConvertPanel(QWidget):
         if refusal is not None:  # the preview showed it: said here, before a destination is asked
             self._refused(MappingError(refusal))
             return None
-        chosen = dst or self.choose_destination(target, source)
+        mapped_hf = request is not None and target == "safetensors"  # a folder: shards + config.json
+        chosen = dst or self.choose_destination("hf" if mapped_hf else target, source)
         if chosen is None:
             return None
         dst = location(chosen)
