@@ -275,3 +275,20 @@ def test_qwen3_moe_experts_unstacked_and_back(tmp_path: Path, capsys: pytest.Cap
     )
     assert "missing: model.layers.0.mlp.experts.2.gate_proj.weight" in capsys.readouterr().err
     assert not (tmp_path / "again").exists()
+
+
+def test_row_order_is_the_permutation_torch_makes() -> None:
+    """Written outputs that only reorder rows are gathered from bytes without torch
+    (``row_order``); the order must be exactly what the torch operations make, chains included,
+    and anything else is left to torch."""
+    from dcpstudio.core.ops.mappings.tensor_ops import Op, apply_ops, row_order
+
+    w = torch.arange(48 * 3).reshape(48, 3)
+    for ops in (
+        [Op("permute", {"heads": 4})],
+        [Op("unpermute", {"heads": 3})],
+        [Op("permute", {"heads": 2}), Op("permute", {"heads": 6})],
+    ):
+        order = row_order(ops, 48)
+        assert order is not None and torch.equal(w[order], apply_ops([w], ops)[0])
+    assert row_order([Op("permute", {"heads": 4}), Op("transpose", {})], 48) is None

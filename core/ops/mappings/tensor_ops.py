@@ -21,7 +21,7 @@ from .expr import MappingError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ONE_WAY", "OPS", "Meta", "Op", "apply_ops", "inverse_ops", "shape_ops"]
+__all__ = ["ONE_WAY", "OPS", "Meta", "Op", "apply_ops", "inverse_ops", "row_order", "shape_ops"]
 
 Meta = tuple[tuple[int, ...], DType]  # a tensor's shape and dtype
 _CAST_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
@@ -218,6 +218,33 @@ def apply_ops(tensors: list[torch.Tensor], ops: Sequence[Op]) -> list[torch.Tens
     for op in ops:
         tensors = OPS[op.kind][1](tensors, op)
     return tensors
+
+
+def _permuted_rows(rows: int, heads: int, inverse: bool) -> list[int]:
+    """The source row of each output row of ``permute`` (``unpermute`` when ``inverse``): within a
+    head of ``n`` rows, output ``k * n/2 + j`` is source ``2j + k`` (its inverse the other way)."""
+    n = rows // heads
+    half = n // 2
+    within = [2 * j + k for k in (0, 1) for j in range(half)]
+    if inverse:
+        back = [0] * n
+        for out, src in enumerate(within):
+            back[src] = out
+        within = back
+    return [h * n + r for h in range(heads) for r in within]
+
+
+def row_order(ops: Sequence[Op], rows: int) -> list[int] | None:
+    """When ``ops`` on one tensor of ``rows`` rows only reorder its rows (``permute``/``unpermute``
+    chains): the source row of each output row, so its bytes can be gathered without torch (whose
+    import alone costs more than moving a model's q/k weights). Else None."""
+    order = list(range(rows))
+    for op in ops:
+        if op.kind not in ("permute", "unpermute"):
+            return None
+        step = _permuted_rows(rows, op.args["heads"], op.kind == "unpermute")
+        order = [order[r] for r in step]
+    return order
 
 
 def inverse_ops(ops: Sequence[Op]) -> list[Op] | None:
