@@ -71,3 +71,13 @@ def test_check_lists_a_truncated_distcp_and_marks_the_tree(
     view = _check(qtbot, window)
     assert view.summary.text().startswith("whole: ") and view.table.rowCount() == 0
     assert not _marked(window, "model.b") and not _marked(window, "model")
+
+
+def test_a_marked_tree_model_passes_qtmodeltester(qtmodeltester: Any, whole_dcp: Path) -> None:
+    from dcpstudio.window.tree_model import CheckpointTreeModel
+
+    with open_checkpoint(whole_dcp) as ckpt:
+        model = CheckpointTreeModel(ckpt.tree)
+        model.mark({"model.b": "cut short", "not.in.tree": "ignored"})
+        assert len(model.marks) == 2  # model.b and model
+        qtmodeltester.check(model)
