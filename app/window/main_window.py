@@ -52,7 +52,7 @@ from .workers import Job
 
 __all__ = ["MainWindow"]
 
-_CANCELLABLE = ("convert", "verify", "load", "compare", "explore-summary", "explore-export", "explore-copy")
+_CANCELLABLE = ("convert", "verify", "load", "check", "compare", "explore-summary", "explore-export", "explore-copy")
 
 
 class MainWindow(QMainWindow):
@@ -323,7 +323,7 @@ class MainWindow(QMainWindow):
 
     def _replace(self, ckpt: Checkpoint | None) -> None:
         """Close the checkpoint shown (``ckpt`` takes its place) and what reads it."""
-        for kind in ("preview", "compare-values", "index"):
+        for kind in ("preview", "compare-values", "index", "check"):
             self.board.cancel(kind)  # they read the checkpoint about to be closed
         self.explorer.clear()
         self.compare_view.checkpoint_changed(ckpt)

@@ -19,6 +19,7 @@ from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMenu, QMessageBox, QTextBrowser, QVBoxLayout, QWidget
 
 from .locations import is_remote, shown
+from .widgets.check_view import check_open
 from .widgets.convert_panel import TARGETS
 from .widgets.message_log import MessageLog
 
@@ -113,6 +114,14 @@ def build_menus(w: Any) -> dict[str, QAction]:
     )
     add(convert, "open_result", "Open &Result", w.panel.open_result, "Ctrl+Shift+R")
     add(convert, "load", "&Load on Ranks…", w.show_load, "Ctrl+Shift+L")
+    add(
+        convert,
+        "check",
+        "C&heck Checkpoint",
+        lambda: check_open(w),
+        "Ctrl+K",
+        "Is the open checkpoint whole: files, records, zstd frames, chunk tables",
+    )
     convert.addSeparator()
     cancel = add(convert, "cancel", "Ca&ncel", w.cancel_work, Qt.Key.Key_Escape, "Stop the running operation")
     cancel.setEnabled(False)

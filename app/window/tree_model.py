@@ -6,7 +6,9 @@ Filtering and sorting happen here rather than in a ``QSortFilterProxyModel``, wh
 asks a Python model for millions of parents on a large tree: a filter resets the model to the
 matches (:class:`~.tree_filter.TreeIndex` finds them), a sort reorders each node's children as
 they are shown. Groups show how many entries, parameters and tensor bytes lie below them (of the
-matches, while filtering); matching entries are shown bold.
+matches, while filtering); matching entries are shown bold. Entries a check found damaged
+(:meth:`CheckpointTreeModel.mark`) and the groups above them carry a warning icon, red text and
+the finding as their tooltip; another checkpoint gets a new model, so the marks go with the old.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ NODE_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 _BATCH = 500
 AnyIndex = QModelIndex | QPersistentModelIndex
+_MARK_ROLES = (Qt.ItemDataRole.DecorationRole, Qt.ItemDataRole.ForegroundRole, Qt.ItemDataRole.ToolTipRole)
 _BOLD = QFont()
 _BOLD.setBold(True)
 _MATCH = QBrush(QColor(253, 230, 138, 110))
+_BAD = QBrush(QColor(220, 38, 38))
 
 
 class CheckpointTreeModel(QAbstractItemModel):
@@ -51,6 +55,30 @@ class CheckpointTreeModel(QAbstractItemModel):
         self._fetched: dict[int, int] = {}
         self._parents: dict[int, Node] = {}
         self._rows: dict[int, int] = {}
+        self.marks: dict[int, str] = {}  # a damaged entry's or group's node id -> what is wrong
+
+    # -- marks ------------------------------------------------------------------------------------------
+    def mark(self, findings: dict[str, str]) -> None:
+        """Mark the entries in ``findings`` (fqn -> what is wrong; names the tree lacks are ignored)
+        and the groups above them, replacing earlier marks; rows already shown repaint."""
+        wanted = {n.entry.fqn: n for n in self.tree.entries if n.entry is not None and n.entry.fqn in findings}
+        old = [self.tree.nodes[i] for i in self.marks]
+        self.marks = {}
+        for fqn, node in wanted.items():
+            self.marks[id(node)] = findings[fqn]
+            above = self.tree.parent.get(id(node))
+            while above is not None and above is not self._root and id(above) not in self.marks:
+                self.marks[id(above)] = "a damaged entry below"
+                above = self.tree.parent.get(id(above))
+        for node in [*old, *(self.tree.nodes[i] for i in self.marks)]:
+            self._repaint(node)
+
+    def _repaint(self, node: Node) -> None:
+        """Repaint ``node``'s row if it is shown (fetched); never fetches rows."""
+        parent = self._parents.get(id(node))
+        row = self._rows.get(id(node), -1)
+        if parent is not None and 0 <= row < self._fetched.get(id(parent), 0):
+            self.dataChanged.emit(self.createIndex(row, 0, node), self.createIndex(row, len(COLUMNS) - 1, node))
 
     # -- filter and sort ------------------------------------------------------------------------------
     @property
@@ -254,6 +282,8 @@ class CheckpointTreeModel(QAbstractItemModel):
             return node
         if role == SORT_ROLE:
             return self.sort_key(node, col)
+        if self.marks and role in _MARK_ROLES and id(node) in self.marks:
+            return self._marked(node, col, role)
         if role == Qt.ItemDataRole.FontRole:
             return _BOLD if self.is_match(node) else None
         if role == Qt.ItemDataRole.BackgroundRole:
@@ -267,6 +297,17 @@ class CheckpointTreeModel(QAbstractItemModel):
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, SIZE, CHUNKS):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
+
+    def _marked(self, node: Node, col: int, role: int) -> Any:
+        if role == Qt.ItemDataRole.DecorationRole:
+            if col != NAME:
+                return None
+            from PySide6.QtWidgets import QApplication, QStyle
+
+            return QApplication.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
+        if role == Qt.ItemDataRole.ForegroundRole:
+            return _BAD
+        return f"{printable(node.path)}: {self.marks[id(node)]}"
 
     def flags(self, index: AnyIndex) -> Qt.ItemFlag:
         return _ITEM_FLAGS if index.isValid() else Qt.ItemFlag.NoItemFlags
