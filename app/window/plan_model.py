@@ -34,7 +34,7 @@ def plan_rows(plan: Plan, refused: bool) -> list[PlanRow]:
     rows, problems = [], []
     for o in plan.outputs:
         src = o.sources[0] if len(o.sources) == 1 else f"{o.sources[0]} (+{len(o.sources) - 1})"
-        shape, dtype = str(list(o.shape)), str(o.dtype)
+        shape, dtype = str(list(o.shape)), o.dtype.name if o.dtype else ""
         if o.rule is None and o.name in unmatched:
             if refused:
                 why = f"matches no rule of {plan.mapping.name} (Pass unmatched through writes it as it is)"

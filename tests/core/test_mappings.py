@@ -154,7 +154,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "torchtitan -> hf names, 21 entries" in out
     line = "layers.0.attention.qkv_linear.wk.weight -> permute(heads=2) -> model.layers.0.self_attn.k_proj.weight"
-    assert f"{line} [16, 32] torch.bfloat16" in out
+    assert f"{line} [16, 32] bfloat16" in out
     assert not hf.exists()
 
 

@@ -91,7 +91,7 @@ class Plan:
         for o in self.outputs:
             src = o.sources[0] if len(o.sources) == 1 else f"{o.sources[0]} (+{len(o.sources) - 1})"
             ops = " ".join(op.text() for op in o.ops) or ("as is" if o.name == o.sources[0] else "rename")
-            lines.append(f"  {src} -> {ops} -> {o.name} {list(o.shape)} {o.dtype}")
+            lines.append(f"  {src} -> {ops} -> {o.name} {list(o.shape)} {o.dtype.name if o.dtype else '?'}")
         lines += [f"  {n}" for n in self.notes()]
         return "\n".join(lines)
 
