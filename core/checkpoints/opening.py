@@ -18,6 +18,7 @@ from ..io.remote.locations import as_location
 from . import ROOT_KEY, Checkpoint, DCPCheckpoint, NestedDCPCheckpoint, Region, SafetensorsCheckpoint, TorchCheckpoint
 from .dcp.children import stop_index_children
 from .dcp.sidecars import DCPWithSidecars, sidecars_in
+from .itemsets import ItemSetCheckpoint, item_set_files
 from .shardset import ShardSetCheckpoint, shard_set_files
 
 __all__ = [
@@ -55,6 +56,9 @@ def open_checkpoint(
         ranks = shard_set_files(p) if isinstance(p, Path) else None
         if ranks is not None:
             return ShardSetCheckpoint(p, ranks, trust_pickle=trust_pickle)
+        items = item_set_files(p) if isinstance(p, Path) else None
+        if items is not None:
+            return ItemSetCheckpoint(p, items, trust_pickle=trust_pickle)
         return TorchCheckpoint(p, trust_pickle=trust_pickle, dequantize=dequantize)
     if fmt == "safetensors":
         return SafetensorsCheckpoint(p)

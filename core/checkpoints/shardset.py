@@ -5,7 +5,9 @@ Each rank file is a :class:`~.torchsave.TorchCheckpoint`, whose DTensors are the
 placed by their mesh and placements (:mod:`dcpstudio.core.pickles.dtensor`). Here the shards of one
 name become the chunks of one full tensor, as DCP's are: replicas stored once, the rest checked
 to tile the global shape exactly. Plain values and plain tensors are taken once, from the lowest
-rank that holds them -- what ``dcp.save`` of the same state dicts stores. A set that is not whole
+rank that holds them -- what ``dcp.save`` of the same state dicts stores (a set of rank files with
+no DTensor at all is refused unless ``require_dtensor=False``: a folder of one item's per-rank
+values, :mod:`.itemsets`). A set that is not whole
 (a rank missing, shards that disagree on the global shape) is refused in one line.
 """
 
@@ -65,7 +67,10 @@ class ShardSetCheckpoint(Checkpoint):
 
     format: Format = "torch"
 
-    def __init__(self, path: Path, files: list[Path], *, trust_pickle: bool = False) -> None:
+    def __init__(
+        self, path: Path, files: list[Path], *, trust_pickle: bool = False, require_dtensor: bool = True
+    ) -> None:
+        self._require_dtensor = require_dtensor
         self._ranks: list[TorchCheckpoint] = []
         try:
             for f in files:
@@ -123,7 +128,7 @@ class ShardSetCheckpoint(Checkpoint):
                     )
                 if all(o != offsets for _, o in parts[fqn]):
                     parts[fqn].append((rank, offsets))
-        if not seen_dtensor:
+        if not seen_dtensor and self._require_dtensor:
             raise CorruptCheckpointError(
                 f"{path}: {world} torch.save files named by rank, but none holds a DTensor shard; "
                 "open them one at a time"

@@ -88,10 +88,12 @@ _RANK_FILE = re.compile(r"^.*?\d+\.(?:pt|pth|bin)$")
 
 
 def _rank_files(p: Any) -> bool:
-    """Only files named ``<stem><rank>.pt`` (two or more): a per-rank shard set, read (and
-    checked whole) by :mod:`dcpstudio.core.checkpoints.shardset`."""
+    """Only files named ``<stem><rank>.pt`` (two or more, or one beside ``metadata.pkl``): a per-rank
+    shard set, or a torchtitan ``torch_checkpointing`` folder (``model_0.pt``, ``optimizer_0.pt`` ...),
+    read (and checked whole) by :mod:`dcpstudio.core.checkpoints.shardset` and ``.itemsets``."""
     names = [q.name for q in p.iterdir() if not q.name.startswith(".")]
-    return len(names) >= 2 and all(_RANK_FILE.match(n) for n in names)
+    ranked = [n for n in names if n != "metadata.pkl"]  # torch_checkpointing's, beside its item files
+    return len(ranked) >= (2 if len(ranked) == len(names) else 1) and all(_RANK_FILE.match(n) for n in ranked)
 
 
 def _detect_remote(p: RemotePath) -> Format:
