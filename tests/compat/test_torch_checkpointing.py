@@ -66,11 +66,12 @@ def produced(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_real_producer_bit_exact(produced: Path, tmp_path: Path) -> None:
-    import torch.distributed.tensor  # noqa: F401  (torch's weights_only loader then reads DTensors)
+    import torch.distributed.tensor  # torch's weights_only loader then reads DTensors
 
     names = {p.name for p in produced.iterdir()}
     assert names == {"metadata.pkl", *(f"{i}_{r}.pt" for i in ("model", "optimizer", "step") for r in (0, 1))}
-    ranks = {i: [torch.load(produced / f"{i}_{r}.pt", weights_only=True) for r in (0, 1)] for i in ("model", "optimizer")}
+    items = ("model", "optimizer")
+    ranks = {i: [torch.load(produced / f"{i}_{r}.pt", weights_only=True) for r in (0, 1)] for i in items}
     want = {f"model.{k}": torch.cat([sd[k]._local_tensor for sd in ranks["model"]]) for k in ranks["model"][0]}
     for p, st in ranks["optimizer"][0]["state"].items():
         for k in ("exp_avg", "exp_avg_sq"):

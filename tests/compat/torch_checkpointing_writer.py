@@ -1,10 +1,11 @@
 """A torchtitan ``torch_checkpointing`` checkpoint written by the real package: two gloo ranks save
 an FSDP2 model's and its Adam optimizer's state dicts (DTensors) through
 ``torch_checkpointing.CheckpointManager``, the items declared with a resharder as torchtitan's
-backend declares them (which makes rank 0 write ``metadata.pkl``). On CPU, three changes: synchronous
-saving (the default async saver stages into pinned memory), and the metadata all-gather done with
-``all_gather_object`` (torch_checkpointing 0.1.1 puts its gather buffers on ``cuda`` unconditionally);
-buffered writes (``O_DIRECT`` writes of unaligned lengths fail with EINVAL on ext4); the files written are the package's own.
+backend declares them (which makes rank 0 write ``metadata.pkl``). On CPU, three changes:
+synchronous saving (the default async saver stages into pinned memory); the metadata all-gather
+done with ``all_gather_object`` (torch_checkpointing 0.1.1 puts its gather buffers on ``cuda``
+unconditionally); buffered writes (``O_DIRECT`` writes of unaligned lengths fail with EINVAL on
+ext4). The files written are the package's own.
 
 Run with the ``spawn`` start method, so the worker lives in an importable module.
 """
