@@ -12,7 +12,7 @@ Two kinds of number, one rule each:
 
 from __future__ import annotations
 
-__all__ = ["exact_count", "human_bytes", "human_count"]
+__all__ = ["exact_count", "human_bytes", "human_count", "plural"]
 
 
 def _one_decimal(n: float, base: int, units: tuple[str, ...]) -> str:
@@ -38,3 +38,10 @@ def human_count(n: float) -> str:
 def exact_count(n: int) -> str:
     """``1,374,862``: a count shown to the unit."""
     return f"{n:,}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 tensor``, ``2 tensors``, ``1,024 other values``, ``3 entries``."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{exact_count(n)} {word[:-1]}ies" if word.endswith("y") else f"{exact_count(n)} {word}s"

@@ -47,7 +47,7 @@ from ..checkpoints.opening import Checkpoint
 from ..errors import DCPStudioError, UnsafePickleError
 from ..io.remote.locations import RemotePath
 from ..pickles.subclass import UnreadableRef
-from ..units import exact_count, human_bytes, human_count
+from ..units import exact_count, human_bytes, human_count, plural
 from .compare.diff import DiffReport, EntryComparison, ValueMismatch
 
 __all__ = [
@@ -119,13 +119,6 @@ SHOWN_VALUE_LIMIT = 64 << 10
 torch.save archive, restricted-unpickled); larger ones are described by their size."""
 _SHOWN_VALUES_BUDGET = 16 << 20  # all of a listing's reads of values together...
 _SHOWN_VALUES_READS = {"local": 4096, "remote": 64}  # ...and how many reads (a remote one is a request)
-
-
-def plural(n: int, word: str) -> str:
-    """``1 tensor``, ``2 tensors``, ``1,024 other values``, ``3 entries``."""
-    if n == 1:
-        return f"1 {word}"
-    return f"{exact_count(n)} {word[:-1]}ies" if word.endswith("y") else f"{exact_count(n)} {word}s"
 
 
 def value_text(ckpt: Checkpoint, e: Entry, budget: list[int] | None = None) -> str:

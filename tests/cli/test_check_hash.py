@@ -23,7 +23,7 @@ def dcp(tmp_path: Path) -> Path:
 
 def test_check_exit_codes_summary_and_json(dcp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(dcp), "-q", "--values"]) == 0
-    assert capsys.readouterr().out.startswith(f"whole: {dcp} (dcp, 3 entries, 1 files)")
+    assert capsys.readouterr().out.startswith(f"whole: {dcp} (dcp, 3 entries, 1 file)")
     with open_checkpoint(dcp) as ckpt:
         (c,) = ckpt.resolve_chunks("w")
     assert c.data_offset is not None and c.file is not None
@@ -33,7 +33,7 @@ def test_check_exit_codes_summary_and_json(dcp: Path, capsys: pytest.CaptureFixt
     assert main(["check", str(dcp), "-q"]) == 0
     assert main(["check", str(dcp), "-q", "--values"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("damaged: ") and lines[-2].endswith("1 findings")
+    assert lines[-2].startswith("damaged: ") and lines[-2].endswith("1 finding")
     assert lines[-1] == f"  {c.file}: 'w': 1 Inf values"
     assert main(["check", str(dcp), "-q", "--values", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

@@ -26,6 +26,7 @@ from ...formats.detect import detect_format
 from ...formats.safetensors import read_safetensors_header, safetensors_files
 from ...io.remote.locations import as_location
 from ...progress import CancelToken, ProgressCallback, Reporter
+from ...units import plural
 from ..explore.stats import tensor_stats
 
 __all__ = ["CheckReport", "Finding", "ValueCounts", "check", "check_path"]
@@ -85,13 +86,13 @@ class CheckReport:
         return [v.fqn for v in self.values or () if v.all_zero]
 
     def summary(self) -> str:
-        what = f"{self.path} ({self.format}, {self.entries} entries, {self.files} files)"
+        what = f"{self.path} ({self.format}, {plural(self.entries, 'entry')}, {plural(self.files, 'file')})"
         zeros = self.all_zero()
-        tail = f"; {len(zeros)} all-zero tensors" if zeros else ""
+        tail = f"; {plural(len(zeros), 'all-zero tensor')}" if zeros else ""
         if self.whole:
             checked = " and values" if self.values is not None else ""
-            return f"whole: {what}: every file, record{checked} checked{tail}"
-        return f"damaged: {what}: {len(self.findings)} findings{tail}"
+            return f"whole: {what}: every file and record{checked} checked{tail}"
+        return f"damaged: {what}: {plural(len(self.findings), 'finding')}{tail}"
 
     def text(self) -> str:
         return "\n".join([self.summary(), *(f"  {f.line()}" for f in self.findings)])
