@@ -14,6 +14,7 @@ shard.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +227,23 @@ def check_path(
     format is detected once; an unknown format is refused as every command refuses it)."""
     p = as_location(path)
     fmt = detect_format(p)
+    report = _check_path(p, fmt, values=values, trust_pickle=trust_pickle, progress=progress, cancel=cancel)
+    if isinstance(p, Path):
+        from .manifests import manifest_findings, read_manifest
+
+        try:
+            manifest = read_manifest(p)
+        except DCPStudioError as e:
+            report.findings.append(Finding("", "", _what(e)))
+        else:
+            if manifest is not None:
+                report.findings.extend(manifest_findings(p, manifest))
+    return report
+
+
+def _check_path(
+    p: Any, fmt: str, *, values: bool, trust_pickle: bool, progress: ProgressCallback | None, cancel: CancelToken | None
+) -> CheckReport:
     if fmt == "safetensors":
         report = CheckReport(str(p), fmt)
         _safetensors_shards(p, report)
