@@ -237,7 +237,8 @@ def check_path(
             report.findings.append(Finding("", "", _what(e)))
         else:
             if manifest is not None:
-                report.findings.extend(manifest_findings(p, manifest))
+                named = {f.file for f in report.findings}
+                report.findings.extend(f for f in manifest_findings(p, manifest) if f.file not in named)
     return report
 
 

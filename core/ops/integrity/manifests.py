@@ -18,7 +18,6 @@ from ...checkpoints.base import Checkpoint
 from ...checkpoints.model import dtype_name
 from ...errors import CorruptCheckpointError, DCPStudioError
 from ...formats.manifest import METADATA_KEY, Manifest, TensorTap, sidecar_of
-from ...formats.safetensors import read_safetensors_header
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
 from .check import Finding
 from .digests import _little, value_digest
@@ -43,13 +42,24 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest | None:
         text = meta.get(METADATA_KEY) if isinstance(meta, dict) else None
         return Manifest.loads(text, str(index)) if isinstance(text, str) else None
     if p.is_file() and p.suffix == ".safetensors":
-        try:
-            _, meta = read_safetensors_header(p)
-        except DCPStudioError:
-            return None
-        text = meta.get(METADATA_KEY)
+        text = _header_manifest(p)
         return Manifest.loads(text, str(p)) if isinstance(text, str) else None
     return None
+
+
+def _header_manifest(p: Path) -> str | None:
+    """Our key in a safetensors header's ``__metadata__``, from the header alone (the data may be gone)."""
+    with open(p, "rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not 0 < size <= 100 << 20:
+            return None
+        try:
+            meta = json.loads(f.read(size)).get("__metadata__") or {}
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return None
+    text = meta.get(METADATA_KEY) if isinstance(meta, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def _sha256(path: Path, start: int = 0) -> str:
