@@ -26,15 +26,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("hash", help="a content digest per entry, the same in every format: digest  dtype  shape  name")
     p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
     p.add_argument("--json", action="store_true", help="the digests as JSON")
-    p.add_argument("--manifest", action="store_true",
-                   help="also write a manifest beside it (digests, moments, files' SHA-256) for check and diff-digests")  # fmt: skip
+    p.add_argument(
+        "--manifest", action="store_true", help="also write a manifest beside it, for check and diff-digests"
+    )
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def add_diff_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "diff-digests", help="which tensors differ between two checkpoints, from their manifests alone (no tensor data read)"
+        "diff-digests",
+        help="which tensors differ between two checkpoints, from their manifests alone (no tensor data read)",
     )
     p.add_argument("a", help="checkpoint A (with a manifest: written by DCP Studio or `hash --manifest`)")
     p.add_argument("b", help="checkpoint B, of any format")

@@ -62,7 +62,8 @@ def _numpy_view(dtype: str, data: memoryview) -> Any:
     import numpy as np
 
     simple = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "bool": "u1", "int8": "i1", "uint8": "u1",
-              "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8"}  # fmt: skip
+              "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint16": "<u2", "uint32": "<u4",
+              "uint64": "<u8"}  # fmt: skip
     if dtype in simple:
         return np.frombuffer(data, dtype=simple[dtype])
     if dtype == "bfloat16":
@@ -244,8 +245,15 @@ class Manifest:
         """An upper bound of the length, as a JSON string inside a JSON header, of the manifest of
         these tensors and files: what a safetensors writer reserves before the values are known."""
         worst = Manifest(
-            {n: {"digest": named(new_hasher()), "dtype": d, "shape": list(s), **dict.fromkeys(
-                ("min", "max", "mean", "std", "nan", "inf"), _WIDEST)} for n, d, s in names},  # fmt: skip
+            {
+                n: {
+                    "digest": named(new_hasher()),
+                    "dtype": d,
+                    "shape": list(s),
+                    **dict.fromkeys(("min", "max", "mean", "std", "nan", "inf"), _WIDEST),
+                }
+                for n, d, s in names
+            },
             {f: {"size": 2**63, "data_offset": 2**63, "data_sha256": "0" * 64} for f in files},
         )
         return len(json.dumps(worst.dumps()))

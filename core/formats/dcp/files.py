@@ -340,7 +340,10 @@ def write_dcp(
     buf = io.BytesIO()
     TorchPickler(buf, protocol=4).dump(metadata)
     if manifest is not None:
-        manifest.files[METADATA_FILE] = {"size": len(buf.getbuffer()), "sha256": hashlib.sha256(buf.getbuffer()).hexdigest()}
+        manifest.files[METADATA_FILE] = {
+            "size": len(buf.getbuffer()),
+            "sha256": hashlib.sha256(buf.getbuffer()).hexdigest(),
+        }
         with create_file(directory / MANIFEST_FILE) as f:
             f.write(manifest.dumps().encode())
             sync_file(f)

@@ -19,7 +19,6 @@ from typing import Any, Literal
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
 from ...formats.manifest import METADATA_KEY, Manifest
-from ...formats.safetensors import SafetensorsWriter
 from ...formats.torchsave.archive import TorchSaveWriter, archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file

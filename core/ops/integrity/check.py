@@ -14,8 +14,8 @@ shard.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...checkpoints.dcp.checkpoint import DCPCheckpoint
@@ -238,12 +238,14 @@ def check_path(
         else:
             if manifest is not None:
                 named = {f.file for f in report.findings}
-                report.findings.extend(f for f in manifest_findings(p, manifest) if f.file not in named)
+                report.findings.extend(
+                    Finding(f, "", what) for f, what in manifest_findings(p, manifest) if f not in named
+                )
     return report
 
 
 def _check_path(
-    p: Any, fmt: str, *, values: bool, trust_pickle: bool, progress: ProgressCallback | None, cancel: CancelToken | None
+    p: Any, fmt: Any, *, values: bool, trust_pickle: bool, progress: ProgressCallback | None, cancel: CancelToken | None
 ) -> CheckReport:
     if fmt == "safetensors":
         report = CheckReport(str(p), fmt)

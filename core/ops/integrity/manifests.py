@@ -19,7 +19,6 @@ from ...checkpoints.model import dtype_name
 from ...errors import CorruptCheckpointError, DCPStudioError
 from ...formats.manifest import METADATA_KEY, Manifest, TensorTap, sidecar_of
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
-from .check import Finding
 from .digests import _little, value_digest
 
 __all__ = ["DigestDiff", "diff_digests", "manifest_findings", "read_manifest", "write_manifest"]
@@ -72,28 +71,33 @@ def _sha256(path: Path, start: int = 0) -> str:
     return h.hexdigest()
 
 
-def manifest_findings(path: str | os.PathLike[str], manifest: Manifest) -> list[Finding]:
+def manifest_findings(path: str | os.PathLike[str], manifest: Manifest) -> list[tuple[str, str]]:
     """Every file the manifest lists, re-hashed: missing, resized or changed files are findings;
-    one whose bytes are those the manifest lists for another file is named as swapped with it."""
+    one whose bytes are those the manifest lists for another file is named as swapped with it.
+    Each is ``(file, what)``."""
     p = Path(path)
     root = p if p.is_dir() else p.parent
-    found: list[Finding] = []
+    found: list[tuple[str, str]] = []
     shas = {(rec.get("sha256") or rec.get("data_sha256")): name for name, rec in manifest.files.items()}
     for name, rec in manifest.files.items():
         f = root / name
         if not f.is_file():
-            found.append(Finding(name, "", "listed in the manifest but missing"))
+            found.append((name, "listed in the manifest but missing"))
             continue
         size = f.stat().st_size
         if size != rec.get("size"):
-            found.append(Finding(name, "", f"{size} bytes, the manifest says {rec.get('size')} (replaced or cut?)"))
+            found.append((name, f"{size} bytes, the manifest says {rec.get('size')} (replaced or cut?)"))
             continue
         want = rec.get("sha256") or rec.get("data_sha256")
         got = _sha256(f, int(rec.get("data_offset", 0)))
         if got != want:
             other = shas.get(got)
-            why = f"holds what the manifest lists for {other} (swapped?)" if other else "a changed byte or a replaced file"
-            found.append(Finding(name, "", f"SHA-256 differs from the manifest: {why}"))
+            why = (
+                f"holds what the manifest lists for {other} (swapped?)"
+                if other
+                else "a changed byte or a replaced file"
+            )
+            found.append((name, f"SHA-256 differs from the manifest: {why}"))
     return found
 
 
