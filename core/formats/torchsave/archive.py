@@ -337,9 +337,12 @@ class TorchSaveWriter:
         """Append the record for ``key`` from its bytes."""
         self._zip.write(f"data/{key}", data, crc)
 
-    def stream_storage(self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
-        """Append the record for ``key`` from its bytes as they come, piece by piece."""
-        self._zip.write_stream(f"data/{key}", nbytes, pieces)
+    def stream_storage(
+        self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview], crc: int | None = None
+    ) -> None:
+        """Append the record for ``key`` from its bytes as they come, piece by piece (their
+        ``crc`` when known, so nothing is written out of order)."""
+        self._zip.write_stream(f"data/{key}", nbytes, pieces, crc)
 
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
@@ -393,5 +396,5 @@ def write_tensor_archive(
     elif isinstance(data, (bytes, bytearray, memoryview)):
         writer.write_storage(key, data, crc)
     else:
-        writer.stream_storage(key, storage.nbytes, data)
+        writer.stream_storage(key, storage.nbytes, data, crc)
     writer.finish()
