@@ -38,6 +38,7 @@ from ...pickles.unpicklers import (
     load_torch_pickle,
 )
 from ..manifest import MANIFEST_FILE, HashingFile, Manifest, TensorTap, tapped
+from ..readback import ReadBack
 from ..torchsave.archive import CHUNK_MEMBERS, write_archive, write_tensor_archive
 from ..torchsave.zip import FileView, read_zip_records
 from .tiling import check_tiling
@@ -206,9 +207,11 @@ def split_files(
     return groups
 
 
-def _close_synced(f: Any, manifest: Manifest | None = None) -> None:
+def _close_synced(f: Any, manifest: Manifest | None = None, back: Any = None) -> None:
     if f is not None:
-        if isinstance(f, HashingFile):
+        if back is not None:
+            back.advance(back.files[-1], f)
+        elif isinstance(f, HashingFile):
             assert manifest is not None
             manifest.files[Path(f.name).name] = {"size": f.tell(), "sha256": f.sha256()}
             f = f.raw
@@ -278,13 +281,16 @@ def write_dcp(
         return payload(item.tensor)
 
     f: Any = None
+    back = ReadBack() if manifest is not None and isinstance(directory, Path) else None
     try:
         for item, data in prefetch(produce, order):
             file_name = file_of[id(item)]
             if f is None or f.name != str(directory / file_name):
-                _close_synced(f, manifest)
+                _close_synced(f, manifest, back)
                 f = create_file(directory / file_name)
-                if manifest is not None:
+                if back is not None:
+                    back.file(directory / file_name)
+                elif manifest is not None:
                     f = HashingFile(f)
             offset = f.tell()
             t = item.tensor
@@ -293,16 +299,19 @@ def write_dcp(
                 f.write(data)
                 index = _record("MetadataIndex", fqn=item.fqn, index=None)
             else:
-                if manifest is not None:
+                if manifest is not None and back is None:
                     tap = TensorTap(t.dtype.name, tuple(t.shape))
                     crc = data.crc if isinstance(data, FileRange) else data[1]
                     body = data if isinstance(data, FileRange) else data[0]
                     write_tensor_archive(f, t.dtype, t.shape, tapped(body, tap, label), crc=crc)
                     manifest.tensors[item.fqn] = tap.record()
                 elif isinstance(data, FileRange):
-                    write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
+                    at = write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
                 else:
-                    write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
+                    at = write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
+                if back is not None and manifest is not None:
+                    tap = TensorTap(t.dtype.name, tuple(t.shape))
+                    back.tensor(back.files[-1], f, at, t.nbytes, tap, manifest.tensors, item.fqn)
                 index = _record("MetadataIndex", fqn=item.fqn, index=0, offset=Size((0,) * len(t.shape)))
             storage_data[index] = _record(
                 "_StorageInfo",
@@ -312,11 +321,16 @@ def write_dcp(
                 length=f.tell() - offset,
             )
             on_item(item)
-        _close_synced(f, manifest)
+        _close_synced(f, manifest, back)
         f = None
+        if back is not None and manifest is not None:
+            back.wait()  # the files were fsynced while their bytes were hashed
+            manifest.files.update(back.records())
     finally:
         if f is not None:
             abandon(f.raw if isinstance(f, HashingFile) else f)
+        if back is not None:
+            back.close()
     for item in items:
         t = item.tensor
         if t is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import io
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -380,14 +381,12 @@ def write_tensor_archive(
     crc: int | None = None,
     label: str = "",
     archive: str = "archive",
-) -> None:
+) -> int:
     """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
     each tensor chunk -- with its bytes from memory (and their ``crc`` if known), copied from a
     :class:`FileRange`, or streamed from an iterator of pieces in row-major order (``f`` must then
-    be seekable: the record's CRC is filled in after its bytes)."""
-    numel = 1
-    for s in shape:
-        numel *= s
+    be seekable: the record's CRC is filled in after its bytes). Returns where the bytes start."""
+    numel = math.prod(shape)
     writer = TorchSaveWriter(f, archive)
     storage = StorageRef.for_tensor("0", dtype, numel, None)
     ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
@@ -398,3 +397,4 @@ def write_tensor_archive(
     else:
         writer.stream_storage(key, storage.nbytes, data, crc)
     writer.finish()
+    return writer._zip.data_at[f"data/{key}"]

@@ -33,6 +33,7 @@ class ZipWriter:
         self._archive = archive
         self._alignment = alignment
         self._entries: list[tuple[bytes, int, int, int, int]] = []
+        self.data_at: dict[str, int] = {}  # where each record's bytes start in the file
 
     def _pos(self) -> int:
         return self._f.tell() - self._base
@@ -104,6 +105,7 @@ class ZipWriter:
             + full
             + extra
         )
+        self.data_at[name] = self._f.tell()
         self._entries.append((full, crc, size, offset, flags))
 
     def close(self) -> None:
