@@ -33,7 +33,7 @@ def _buffer() -> memoryview:
     buf = getattr(_local, "buf", None)
     if buf is None:
         buf = _local.buf = memoryview(bytearray(_PIECE))
-    return buf  # type: ignore[no-any-return]
+    return buf
 
 
 def _pieces(fd: int, start: int, end: int, label: str) -> Any:
@@ -49,6 +49,7 @@ def _pieces(fd: int, start: int, end: int, label: str) -> Any:
 class _File:
     path: Path
     fd: int
+    start: int
     hashed: int
     sha: Any = field(default_factory=hashlib.sha256)
 
@@ -82,11 +83,13 @@ class ReadBack:
 
     def file(self, path: Path, start: int = 0) -> _File:
         """Follow ``path`` (just created), its SHA-256 over its bytes from ``start`` on."""
-        file = _File(path, os.open(path, os.O_RDONLY), start)
+        file = _File(path, os.open(path, os.O_RDONLY), start, start)
         self.files.append(file)
         return file
 
-    def tensor(self, file: _File, f: Any, at: int, nbytes: int, tap: TensorTap, into: dict[str, Any], name: str) -> None:
+    def tensor(
+        self, file: _File, f: Any, at: int, nbytes: int, tap: TensorTap, into: dict[str, Any], name: str
+    ) -> None:
         """The tensor whose ``nbytes`` canonical bytes ``f`` now holds from ``at``: its record
         (``tap``'s) goes to ``into[name]``."""
         f.flush()
@@ -120,6 +123,5 @@ class ReadBack:
         self._pending.clear()
 
     def records(self) -> dict[str, dict[str, Any]]:
-        """Each file's name, size and SHA-256 (after :meth:`wait`; a file hashed from ``start``
-        has the size of what was hashed)."""
-        return {file.path.name: {"size": file.hashed, "sha256": file.sha.hexdigest()} for file in self.files}
+        """Each file's name, size and SHA-256 of what was hashed (after :meth:`wait`)."""
+        return {f.path.name: {"size": f.hashed - f.start, "sha256": f.sha.hexdigest()} for f in self.files}
