@@ -36,9 +36,11 @@ def _buffer() -> memoryview:
     return buf
 
 
-def _pieces(fd: int, start: int, end: int, label: str) -> Any:
+def _pieces(fd: int, start: int, end: int, label: str, stop: threading.Event) -> Any:
     buf = _buffer()
     for at in range(start, end, _PIECE):
+        if stop.is_set():
+            return
         n = min(_PIECE, end - at)
         if pread_into(fd, buf[:n], at) < n:
             raise OSError(f"{label}: the output ended early while it was read back")
@@ -65,6 +67,7 @@ class ReadBack:
         self._taps = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-digest")
         self._chain = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-sha256")
         self._pending: list[Future[None]] = []
+        self._stop = threading.Event()  # a failed or cancelled write does not wait for a big tensor's hash
         self.files: list[_File] = []
 
     def __enter__(self) -> ReadBack:
@@ -74,7 +77,8 @@ class ReadBack:
         self.close()
 
     def close(self) -> None:
-        """End the threads (work not begun is dropped) and close the files."""
+        """End the threads (work not finished is dropped) and close the files."""
+        self._stop.set()
         for pool in (self._taps, self._chain):
             pool.shutdown(wait=True, cancel_futures=True)
         for file in self.files:
@@ -95,7 +99,7 @@ class ReadBack:
         f.flush()
 
         def run() -> None:
-            for piece in _pieces(file.fd, at, at + nbytes, name):
+            for piece in _pieces(file.fd, at, at + nbytes, name, self._stop):
                 tap.update(piece)
             into[name] = tap.record()
 
@@ -110,7 +114,7 @@ class ReadBack:
         file.hashed = end
 
         def run() -> None:
-            for piece in _pieces(file.fd, start, end, str(file.path)):
+            for piece in _pieces(file.fd, start, end, str(file.path), self._stop):
                 file.sha.update(piece)
 
         if end > start:

@@ -64,3 +64,19 @@ def test_diff_digests_reads_no_tensor_data(tmp_path: Path) -> None:
     d = diff_digests(tmp_path / "a", st)
     assert d.changed == ["b"] and d.same == 1
     assert json.loads(json.dumps(d.json()))["equal"] is False
+
+
+def test_a_cancelled_conversion_ends_its_read_back_threads_and_leaves_nothing(tmp_path: Path) -> None:
+    import threading
+
+    import pytest
+
+    from dcpstudio.core import CancelledError, CancelToken
+
+    src = _source(tmp_path)
+    for dst, to in ((tmp_path / "d", "dcp"), (tmp_path / "s.safetensors", "safetensors")):
+        token = CancelToken()
+        with pytest.raises(CancelledError):
+            convert(src, dst, to=to, cancel=token, progress=lambda p, t=token: t.cancel())  # type: ignore[arg-type]
+        assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+        assert not [t.name for t in threading.enumerate() if t.name.startswith(("dcpstudio-digest", "dcpstudio-sha"))]
