@@ -12,7 +12,9 @@ the file holds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import mmap
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,31 +22,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io.raw import pread_into
 from .manifest import TensorTap
 
 __all__ = ["ReadBack"]
 
 _PIECE = 8 << 20
-_local = threading.local()
-
-
-def _buffer() -> memoryview:
-    buf = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = memoryview(bytearray(_PIECE))
-    return buf
+_GRAIN = mmap.ALLOCATIONGRANULARITY
 
 
 def _pieces(fd: int, start: int, end: int, label: str, stop: threading.Event) -> Any:
-    buf = _buffer()
+    """The bytes ``[start, end)`` of the file in pieces mapped from the page cache (no copy: a
+    read into a buffer cost as much CPU as the SHA-256), each unmapped once the next is asked for."""
+    if os.fstat(fd).st_size < end:  # a mapping past the end would kill the process (SIGBUS) when read
+        raise OSError(f"{label}: the output ended early while it was read back")
     for at in range(start, end, _PIECE):
         if stop.is_set():
             return
+        base = at - at % _GRAIN
         n = min(_PIECE, end - at)
-        if pread_into(fd, buf[:n], at) < n:
-            raise OSError(f"{label}: the output ended early while it was read back")
-        yield buf[:n]
+        m = mmap.mmap(fd, at + n - base, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ, offset=base)
+        view = memoryview(m)[at - base :]
+        try:
+            yield view
+        finally:
+            with contextlib.suppress(BufferError):  # a view still held (a traceback's): unmapped with it
+                view.release()
+                m.close()
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the pages mapped at once, not faulted in one by one
 
 
 @dataclass
