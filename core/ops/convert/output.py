@@ -275,15 +275,18 @@ def write_safetensors_output(
                     (tmp / ("model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"), s)
                     for k, s in enumerate(shards, 1)
                 ]
-            whole = Manifest()
+            whole: Manifest | None = Manifest()
             for path, shard in files:
                 part = write_safetensors_file(path, shard, metadata, produce, reporter, label)
-                whole.tensors.update(part.tensors)
-                whole.files.update(part.files)
+                if whole is not None and part is not None:
+                    whole.tensors.update(part.tensors)
+                    whole.files.update(part.files)
+                else:
+                    whole = None
             if not single_file:
                 total = sum(t.nbytes for shard in shards for _, t in shard)
                 index = {
-                    "metadata": {"total_size": total, METADATA_KEY: whole.dumps()},
+                    "metadata": {"total_size": total, **({METADATA_KEY: whole.dumps()} if whole is not None else {})},
                     "weight_map": {name: path.name for path, shard in files for name, _ in shard},
                 }
                 with create_file(tmp / INDEX_FILE) as index_file:

@@ -1,6 +1,7 @@
-"""One safetensors file written with its manifest (:mod:`...formats.manifest`) in its header:
-each tensor's bytes pass through a :class:`TensorTap` on their way to the file, the data section
-through SHA-256, and the header's reserved room then receives the manifest -- no second pass."""
+"""One safetensors file written with its manifest (:mod:`...formats.manifest`) in its header: the
+bytes copied in the kernel, read back from the page cache on worker threads for each tensor's
+digest and moments and the data section's SHA-256 (:class:`...formats.readback.ReadBack`), and the
+header's reserved room then receives the manifest -- no second pass over the source."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
-from ...formats.manifest import METADATA_KEY, HashingFile, Manifest, TensorTap, tapped
+from ...formats.manifest import METADATA_KEY, Manifest, TensorTap
 from ...formats.readback import ReadBack
 from ...formats.safetensors import SafetensorsWriter
 from ...io.files import create_file, sync_file
@@ -28,29 +29,26 @@ def write_safetensors_file(
     produce: Callable[[tuple[str, TensorRef]], Payload],
     reporter: Reporter,
     label: str,
-) -> Manifest:
+) -> Manifest | None:
     """Write ``shard`` to ``path``; the source's ``metadata`` keys are kept and ours added beside
-    (a stale manifest of ours in them is replaced). Returns the file's manifest."""
+    (a stale manifest of ours in them is replaced). Returns the file's manifest -- None for a
+    remote object: its header goes first and an upload cannot seek back to fill it in, and
+    knowing the digests before the bytes would take a second pass (``hash --manifest`` writes one)."""
     specs = [(name, t.dtype, t.shape) for name, t in shard]
-    reserve = Manifest.reserve([(n, d.name, tuple(s)) for n, d, s in specs], [path.name])
-    part = Manifest()
+    kept = {k: v for k, v in metadata.items() if k != METADATA_KEY}
     if isinstance(path, Path):
-        return _write_read_back(path, shard, specs, metadata, reserve, produce, reporter, label)
-    with create_file(path) as raw:
-        f = HashingFile(raw)
-        kept = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-        writer = SafetensorsWriter(f, specs, kept, reserve=reserve + 64)
-        f.restart()
+        reserve = Manifest.reserve([(n, d.name, tuple(s)) for n, d, s in specs], [path.name])
+        return _write_read_back(path, shard, specs, kept, reserve, produce, reporter, label)
+    with create_file(path) as f:
+        writer = SafetensorsWriter(f, specs, kept)
         for (name, t), data in prefetch(produce, shard):
-            tap = TensorTap(t.dtype.name, tuple(t.shape))
-            body = data if isinstance(data, FileRange) else data[0]
-            writer.stream(name, t.nbytes, tapped(body, tap, f"{label} ({name})"))
-            part.tensors[name] = tap.record()
+            if isinstance(data, FileRange):
+                writer.copy(name, data, f"{label} ({name})")
+            else:
+                writer.write(name, data[0])
             reporter.advance(t.nbytes, current=name)
-        part.files[path.name] = {"size": f.tell(), "data_offset": f.start, "data_sha256": f.sha256()}
-        writer.set_metadata(METADATA_KEY, part.dumps())
         writer.finish()
-    return part
+    return None
 
 
 def _write_read_back(
@@ -67,8 +65,7 @@ def _write_read_back(
     (:class:`ReadBack`) while it is written and fsynced; then the header's room receives it."""
     part = Manifest()
     with create_file(path) as f, ReadBack() as back:
-        kept = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-        writer = SafetensorsWriter(f, specs, kept, reserve=reserve + 64)
+        writer = SafetensorsWriter(f, specs, metadata, reserve=reserve + 64)
         file = back.file(path, start=f.tell())
         for (name, t), data in prefetch(produce, shard):
             at = f.tell()
