@@ -80,3 +80,10 @@ def test_a_cancelled_conversion_ends_its_read_back_threads_and_leaves_nothing(tm
             convert(src, dst, to=to, cancel=token, progress=lambda p, t=token: t.cancel())  # type: ignore[arg-type]
         assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
         assert not [t.name for t in threading.enumerate() if t.name.startswith(("dcpstudio-digest", "dcpstudio-sha"))]
+
+
+def test_a_renamed_safetensors_file_is_still_whole(tmp_path: Path) -> None:
+    """A file's own manifest describes that file whatever it is called now (it named it as written)."""
+    convert(_source(tmp_path), tmp_path / "s.safetensors", to="safetensors")
+    (tmp_path / "s.safetensors").rename(tmp_path / "renamed.safetensors")
+    assert check_path(tmp_path / "renamed.safetensors").whole

@@ -78,8 +78,11 @@ def manifest_findings(path: str | os.PathLike[str], manifest: Manifest) -> list[
     p = Path(path)
     root = p if p.is_dir() else p.parent
     found: list[tuple[str, str]] = []
-    shas = {(rec.get("sha256") or rec.get("data_sha256")): name for name, rec in manifest.files.items()}
-    for name, rec in manifest.files.items():
+    files = dict(manifest.files)
+    if p.is_file() and len(files) == 1 and not sidecar_of(p).is_file():
+        files = {p.name: next(iter(files.values()))}  # a file's own manifest is of it, however renamed
+    shas = {(rec.get("sha256") or rec.get("data_sha256")): name for name, rec in files.items()}
+    for name, rec in files.items():
         f = root / name
         if not f.is_file():
             found.append((name, "listed in the manifest but missing"))
