@@ -53,12 +53,14 @@ def _detect_file(p: Any) -> Format:
         raise UnsupportedFormatError(f"{p}: cannot read ({e.strerror or e})") from e
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return "torch"
+    # before the pickle test: a safetensors header of 640 bytes begins 80 02, as a pickle does (a
+    # legacy torch.save's 9th byte is its magic number's, never "{")
+    if _looks_like_safetensors(head, size):
+        return "safetensors"
     if head[:1] == b"\x80" and len(head) > 2 and head[1] in (2, 3, 4, 5):
         return "torch"
     if len(head) >= 262 and head[257:262] == b"ustar":
         raise UnsupportedFormatError(f"{p}: a pre-1.0 tar-format torch.save file; re-save it with current torch")
-    if _looks_like_safetensors(head, size):
-        return "safetensors"
     if size == 0:
         raise UnsupportedFormatError(f"{p}: empty file")
     raise UnsupportedFormatError(

@@ -46,3 +46,20 @@ def test_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:
     p.write_bytes(pickle.dumps({"a": 1}, protocol=2))
     with pytest.raises(UnsupportedFormatError, match=r"not a torch\.save file"):
         torch_save_to_dcp(p, tmp_path / "out")
+
+
+def test_a_safetensors_header_that_begins_like_a_pickle_is_safetensors(tmp_path: Path) -> None:
+    """A header of 640 bytes is length 80 02 00 ... -- the bytes a protocol-2 pickle begins with:
+    content sniffing must not take it for a legacy torch.save file."""
+    import json
+    import struct
+
+    body = {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"pad": ""}}
+    text = json.dumps(body)
+    body["__metadata__"]["pad"] = "x" * (640 - len(text))
+    header = json.dumps(body).encode()
+    assert len(header) == 640
+    (tmp_path / "w").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\x80?")
+    assert detect_format(tmp_path / "w") == "safetensors"
+    with open_checkpoint(tmp_path / "w") as ckpt:
+        assert ckpt.read_tensor("w").tolist() == [1.0]
