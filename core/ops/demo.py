@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,26 @@ def _llama_sizes(total_bytes: int, layers: int = 12) -> tuple[int, int, int]:
     return layers, dim, dim * 8 // 3 // 64 * 64 or 64
 
 
+def _llama_model(
+    layers: int, dim: int, hidden: int, mat: Callable[[int, int], Any], ones: Callable[[int], Any]
+) -> dict[str, Any]:
+    """A llama-like model's entries but its output matrix, in order: matrices made by ``mat(rows,
+    cols)`` (drawn in this order: the layout of :func:`llama_like_state_dict` and of the demo),
+    norms by ``ones(n)``. The vocabulary is ``dim`` wide."""
+    model: dict[str, Any] = {"tok_embeddings.weight": mat(dim, dim)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        for name in ("wq", "wk", "wv", "wo"):
+            model[p + f"attention.{name}.weight"] = mat(dim, dim)
+        model[p + "feed_forward.w1.weight"] = mat(hidden, dim)
+        model[p + "feed_forward.w2.weight"] = mat(dim, hidden)
+        model[p + "feed_forward.w3.weight"] = mat(hidden, dim)
+        model[p + "attention_norm.weight"] = ones(dim)
+        model[p + "ffn_norm.weight"] = ones(dim)
+    model["norm.weight"] = ones(dim)
+    return model
+
+
 def llama_like_state_dict(total_bytes: int, *, seed: int = 0) -> dict[str, Any]:
     """A training checkpoint shaped like a small llama: bf16 matrices, fp32 norms, step counter.
 
@@ -49,17 +70,7 @@ def llama_like_state_dict(total_bytes: int, *, seed: int = 0) -> dict[str, Any]:
     def mat(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, generator=gen, dtype=torch.float32).to(torch.bfloat16)
 
-    model: dict[str, Any] = {"tok_embeddings.weight": mat(vocab, dim)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        for name in ("wq", "wk", "wv", "wo"):
-            model[p + f"attention.{name}.weight"] = mat(dim, dim)
-        model[p + "feed_forward.w1.weight"] = mat(hidden, dim)
-        model[p + "feed_forward.w2.weight"] = mat(dim, hidden)
-        model[p + "feed_forward.w3.weight"] = mat(hidden, dim)
-        model[p + "attention_norm.weight"] = torch.ones(dim)
-        model[p + "ffn_norm.weight"] = torch.ones(dim)
-    model["norm.weight"] = torch.ones(dim)
+    model = _llama_model(layers, dim, hidden, mat, torch.ones)
     model["output.weight"] = mat(vocab, dim)
     return {"model": model, "step": 1000, "config": {"dim": dim, "layers": layers, "name": "llama-like"}}
 
@@ -106,17 +117,7 @@ def _demo_state_dict(seed: int = 0) -> tuple[dict[str, Any], dict[int, bytes]]:
         return tensor("float32", shape, array("f", [value]).tobytes() * count)
 
     layers, dim, hidden = _llama_sizes(8 << 20)
-    model: dict[str, Any] = {"tok_embeddings.weight": mat(dim, dim)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        for name in ("wq", "wk", "wv", "wo"):
-            model[p + f"attention.{name}.weight"] = mat(dim, dim)
-        model[p + "feed_forward.w1.weight"] = mat(hidden, dim)
-        model[p + "feed_forward.w2.weight"] = mat(dim, hidden)
-        model[p + "feed_forward.w3.weight"] = mat(hidden, dim)
-        model[p + "attention_norm.weight"] = floats((dim,), 1.0)
-        model[p + "ffn_norm.weight"] = floats((dim,), 1.0)
-    model["norm.weight"] = floats((dim,), 1.0)
+    model = _llama_model(layers, dim, hidden, mat, lambda n: floats((n,), 1.0))
     model["output.weight"] = model["tok_embeddings.weight"]  # tied, one shared storage
     weights = list(model.values())[:4]
     optim = {
