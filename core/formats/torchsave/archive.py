@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import io
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -337,9 +338,12 @@ class TorchSaveWriter:
         """Append the record for ``key`` from its bytes."""
         self._zip.write(f"data/{key}", data, crc)
 
-    def stream_storage(self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
-        """Append the record for ``key`` from its bytes as they come, piece by piece."""
-        self._zip.write_stream(f"data/{key}", nbytes, pieces)
+    def stream_storage(
+        self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview], crc: int | None = None
+    ) -> None:
+        """Append the record for ``key`` from its bytes as they come, piece by piece (their
+        ``crc`` when known, so nothing is written out of order)."""
+        self._zip.write_stream(f"data/{key}", nbytes, pieces, crc)
 
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
@@ -377,14 +381,12 @@ def write_tensor_archive(
     crc: int | None = None,
     label: str = "",
     archive: str = "archive",
-) -> None:
+) -> int:
     """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
     each tensor chunk -- with its bytes from memory (and their ``crc`` if known), copied from a
     :class:`FileRange`, or streamed from an iterator of pieces in row-major order (``f`` must then
-    be seekable: the record's CRC is filled in after its bytes)."""
-    numel = 1
-    for s in shape:
-        numel *= s
+    be seekable: the record's CRC is filled in after its bytes). Returns where the bytes start."""
+    numel = math.prod(shape)
     writer = TorchSaveWriter(f, archive)
     storage = StorageRef.for_tensor("0", dtype, numel, None)
     ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
@@ -393,5 +395,6 @@ def write_tensor_archive(
     elif isinstance(data, (bytes, bytearray, memoryview)):
         writer.write_storage(key, data, crc)
     else:
-        writer.stream_storage(key, storage.nbytes, data)
+        writer.stream_storage(key, storage.nbytes, data, crc)
     writer.finish()
+    return writer._zip.data_at[f"data/{key}"]

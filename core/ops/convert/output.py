@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
-from ...formats.safetensors import SafetensorsWriter
+from ...formats.manifest import METADATA_KEY, Manifest
 from ...formats.torchsave.archive import TorchSaveWriter, archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file
@@ -29,6 +29,7 @@ from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
 from .transform import Transform
+from .writers import write_safetensors_file
 
 __all__ = [
     "INDEX_FILE",
@@ -240,6 +241,7 @@ def write_dcp_output(
                 label=label,
                 files=files,
                 max_file_size=max_file_size,
+                manifest=Manifest(),
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -273,20 +275,18 @@ def write_safetensors_output(
                     (tmp / ("model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"), s)
                     for k, s in enumerate(shards, 1)
                 ]
+            whole: Manifest | None = Manifest()
             for path, shard in files:
-                with create_file(path) as f:
-                    writer = SafetensorsWriter(f, [(name, t.dtype, t.shape) for name, t in shard], metadata)
-                    for (name, t), data in prefetch(produce, shard):
-                        if isinstance(data, FileRange):
-                            writer.copy(name, data, f"{label} ({name})")
-                        else:
-                            writer.write(name, data[0])
-                        reporter.advance(t.nbytes, current=name)
-                    writer.finish()
+                part = write_safetensors_file(path, shard, metadata, produce, reporter, label)
+                if whole is not None and part is not None:
+                    whole.tensors.update(part.tensors)
+                    whole.files.update(part.files)
+                else:
+                    whole = None
             if not single_file:
                 total = sum(t.nbytes for shard in shards for _, t in shard)
                 index = {
-                    "metadata": {"total_size": total},
+                    "metadata": {"total_size": total, **({METADATA_KEY: whole.dumps()} if whole is not None else {})},
                     "weight_map": {name: path.name for path, shard in files for name, _ in shard},
                 }
                 with create_file(tmp / INDEX_FILE) as index_file:

@@ -12,7 +12,6 @@ type-tagged encoding of it (:func:`value_digest`), tensors inside it by their ca
 
 from __future__ import annotations
 
-import hashlib
 import math
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...checkpoints.base import Checkpoint
 from ...checkpoints.model import dtype_name, refuse_expanded
+from ...formats.manifest import ALGORITHM, canonical_header, named, new_hasher
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
 from ...io.buffers import BufferPool
 from ...pickles.tensor_io import to_bytes
@@ -31,19 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ALGORITHM", "Digest", "digests", "tensor_digest", "value_digest"]
 
-ALGORITHM = "blake2b-256"
-
-
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=32)
-
-
-def _named(h: Any) -> str:
-    return f"{ALGORITHM}:{h.hexdigest()}"
-
-
-def _header(dtype: str, shape: tuple[int, ...] | list[int]) -> bytes:
-    return f"tensor\0{dtype}\0{','.join(map(str, shape))}\0".encode()
+_hasher, _named, _header = new_hasher, named, canonical_header  # one definition: manifests use it too
 
 
 @dataclass(frozen=True)
