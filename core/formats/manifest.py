@@ -2,12 +2,14 @@
 and each file's size and SHA-256, so a checkpoint can be checked and two can be compared without a
 reference and without reading tensor data.
 
-A tensor's digest is BLAKE2b-256 over its canonical bytes -- ``tensor\\0DTYPE\\0SHAPE\\0`` and then
-its elements row-major, little-endian -- the one function :mod:`~...ops.integrity.digests` uses, so a
-digest recorded while writing equals a later ``dcpstudio hash``. :class:`TensorTap` is fed those
-bytes piece by piece (by a writer as it writes them, or by ``hash``), and keeps the moments of the
-finite values (numpy, no torch) and the NaN/Inf counts beside. :class:`HashingFile` hashes every
-byte written to an output file, in order, while it is written: no second pass.
+A tensor's digest is :mod:`.digest`'s (``sha256-tree``: SHA-256 over the canonical header and the
+SHA-256 of each 16 MiB piece of its row-major, little-endian bytes) -- the one definition
+:mod:`~...ops.integrity.digests` uses, so a digest recorded while writing equals a later
+``dcpstudio hash``. :class:`TensorTap` is fed those bytes piece by piece (by a writer as it writes
+them, or by ``hash``), with the moments of the finite values and the NaN/Inf counts beside;
+:class:`~.readback.ReadBack` computes the same from a local output's own pages, piece by piece on
+two threads. :class:`HashingFile` hashes every byte written to a remote output, in order, while it
+is written: no second pass.
 
 Where it lives: a DCP directory's ``dcpstudio-manifest.json``; a torch.save file's sidecar
 ``<file>.manifest.json``; a safetensors file's ``__metadata__["dcpstudio.manifest"]`` (a JSON
@@ -19,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,27 +29,15 @@ from typing import Any
 from ..errors import CorruptCheckpointError
 from ..io.pipeline import prefetch
 from ..io.raw import FileRange, pread_into
+from .digest import ALGORITHM, PIECE, Moments, TreeHasher, canonical_header, root_digest
 
-__all__ = ["ALGORITHM", "MANIFEST_FILE", "METADATA_KEY", "HashingFile", "Manifest", "TensorTap", "canonical_header",
-           "named", "new_hasher", "sidecar_of", "tapped"]  # fmt: skip
+__all__ = ["ALGORITHM", "MANIFEST_FILE", "METADATA_KEY", "PIECE", "HashingFile", "Manifest", "TensorTap",
+           "canonical_header", "sidecar_of", "tapped", "tensor_record"]  # fmt: skip
 
-ALGORITHM = "blake2b-256"
 MANIFEST_FILE = "dcpstudio-manifest.json"
 METADATA_KEY = "dcpstudio.manifest"
 SCHEMA = 1
 _WIDEST = -1.7976931348623157e308  # the longest repr a float64 has: what a reserved header allows for
-
-
-def new_hasher() -> Any:
-    return hashlib.blake2b(digest_size=32)
-
-
-def named(h: Any) -> str:
-    return f"{ALGORITHM}:{h.hexdigest()}"
-
-
-def canonical_header(dtype: str, shape: tuple[int, ...] | list[int]) -> bytes:
-    return f"tensor\0{dtype}\0{','.join(map(str, shape))}\0".encode()
 
 
 def sidecar_of(path: str | os.PathLike[str]) -> Path:
@@ -58,108 +46,39 @@ def sidecar_of(path: str | os.PathLike[str]) -> Path:
     return p / MANIFEST_FILE if p.is_dir() else p.with_name(p.name + ".manifest.json")
 
 
-def _numpy_view(dtype: str, data: memoryview) -> Any:
-    """The elements of ``data`` as a numpy array numpy can reduce, or None (float8, complex, ...)."""
-    import numpy as np
-
-    simple = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "bool": "u1", "int8": "i1", "uint8": "u1",
-              "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint16": "<u2", "uint32": "<u4",
-              "uint64": "<u8"}  # fmt: skip
-    if dtype in simple:
-        return np.frombuffer(data, dtype=simple[dtype])
-    if dtype == "bfloat16":
-        return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    return None
-
-
-_SUB = 1 << 16  # elements per float64 sub-block: 512 KiB, in cache
-_local = threading.local()
-
-
-def _scratch() -> Any:
-    """This thread's float64 sub-block, reused: a new array each block costs page faults (fresh
-    memory from the kernel) that took longer than the arithmetic."""
-    import numpy as np
-
-    buf = getattr(_local, "scratch", None)
-    if buf is None:
-        buf = _local.scratch = np.empty(_SUB, dtype=np.float64)
-    return buf
-
-
 class TensorTap:
-    """A tensor's digest and moments, from its canonical row-major bytes fed in order by
-    :meth:`update` (pieces whose sizes are multiples of the element size)."""
+    """A tensor's digest and moments from its canonical row-major bytes fed in order by
+    :meth:`update` (pieces whose sizes are multiples of the element size). With ``pool``, whole
+    16 MiB pieces are hashed there: wait for the futures :meth:`update` returns before reusing
+    the buffer."""
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], *, moments: bool = True) -> None:
+    def __init__(self, dtype: str, shape: tuple[int, ...], *, moments: bool = True, pool: Any = None) -> None:
         self.dtype, self.shape = dtype, tuple(shape)
-        self._h = new_hasher()
-        self._h.update(canonical_header(dtype, self.shape))
-        self._moments = moments
-        self._n = self._nan = self._inf = 0
-        self._mean = self._m2 = 0.0
-        self._min: float | None = None
-        self._max: float | None = None
-        self._numeric = True
+        self._h = TreeHasher(canonical_header(dtype, self.shape), pool)
+        self._moments = Moments() if moments else None
 
-    def update(self, data: memoryview | bytes | bytearray) -> None:
+    def update(self, data: memoryview | bytes | bytearray) -> list[Any]:
         data = memoryview(data).cast("B")
-        self._h.update(data)
-        if self._moments and self._numeric and data.nbytes:
-            self._reduce(data)
-
-    def _reduce(self, data: memoryview) -> None:
-        import numpy as np
-
-        x = _numpy_view(self.dtype, data)
-        if x is None:
-            self._numeric = False
-            return
-        if x.dtype.kind == "f":
-            lo, hi = x.min(), x.max()
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                nan = np.isnan(x)
-                inf = np.isinf(x)
-                self._nan += int(nan.sum())
-                self._inf += int(inf.sum())
-                x = x[~(nan | inf)]
-                if not x.size:
-                    return
-                lo, hi = x.min(), x.max()
-        else:
-            lo, hi = x.min(), x.max()
-        exact = x.dtype.kind in "iu"
-        lo, hi = (int(lo), int(hi)) if exact else (float(lo), float(hi))
-        self._min = lo if self._min is None else min(self._min, lo)
-        self._max = hi if self._max is None else max(self._max, hi)
-        scratch = _scratch()
-        for start in range(0, x.size, _SUB):
-            part = x[start : start + _SUB]
-            n = part.size
-            b = scratch[:n]
-            b[...] = part
-            mean = float(b.sum()) / n
-            b -= mean
-            m2 = float(np.einsum("i,i->", b, b))  # not BLAS: its threads spin, burning both cores
-            total = self._n + n
-            delta = mean - self._mean
-            self._mean += delta * n / total
-            self._m2 += m2 + delta * delta * self._n * n / total
-            self._n = total
+        futures = self._h.update(data)
+        if self._moments is not None and data.nbytes:
+            self._moments.add(self.dtype, data)
+        return futures
 
     def record(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"digest": named(self._h), "dtype": self.dtype, "shape": list(self.shape)}
-        if self._moments and self._numeric:
-            finite = self._n > 0
-            out.update(
-                min=self._min,
-                max=self._max,
-                mean=self._mean if finite else None,
-                std=math.sqrt(self._m2 / self._n) if finite else None,
-                nan=self._nan,
-                inf=self._inf,
-            )
+        out: dict[str, Any] = {"digest": self._h.digest(), "dtype": self.dtype, "shape": list(self.shape)}
+        if self._moments is not None:
+            self._moments.finish(self.dtype)
+            out.update(self._moments.record())
         return out
+
+
+def tensor_record(dtype: str, shape: tuple[int, ...], pieces: list[tuple[bytes, Moments]]) -> dict[str, Any]:
+    """A tensor's manifest record from its pieces' SHA-256 digests and moments, in order."""
+    moments = Moments()
+    for _, m in pieces:
+        moments.merge(m)
+    digest = root_digest(canonical_header(dtype, shape), (d for d, _ in pieces))
+    return {"digest": digest, "dtype": dtype, "shape": list(shape), **moments.record()}
 
 
 _PIECE = 32 << 20
@@ -238,7 +157,7 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "algorithm": ALGORITHM, "files": self.files, "entries": self.tensors}
+        return {"schema": SCHEMA, "algorithm": ALGORITHM, "piece": PIECE, "files": self.files, "entries": self.tensors}
 
     def dumps(self) -> str:
         return json.dumps(self.json(), separators=(",", ":"), sort_keys=False)
@@ -263,7 +182,7 @@ class Manifest:
         worst = Manifest(
             {
                 n: {
-                    "digest": named(new_hasher()),
+                    "digest": root_digest(b"", ()),
                     "dtype": d,
                     "shape": list(s),
                     **dict.fromkeys(("min", "max", "mean", "std", "nan", "inf"), _WIDEST),

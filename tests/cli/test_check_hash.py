@@ -57,12 +57,12 @@ def test_hash_lines_and_json(dcp: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["hash", str(dcp), "-q"]) == 0
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(from_pt)
     digest, dtype, shape, name = next(line for line in from_pt if line.endswith("  w")).split("  ")
-    assert digest.startswith("blake2b-256:") and len(digest) == len("blake2b-256:") + 64
+    assert digest.startswith("sha256-tree:") and len(digest) == len("sha256-tree:") + 64
     assert (dtype, shape, name) == ("float32", "[6,10]", "w")
     assert any(line.endswith("  value  -  step") for line in from_pt)
     assert main(["hash", str(dcp), "-q", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["algorithm"] == "blake2b-256" and {e["name"] for e in out["entries"]} == {"w", "n", "step"}
+    assert out["algorithm"] == "sha256-tree" and {e["name"] for e in out["entries"]} == {"w", "n", "step"}
 
 
 def test_hash_manifest_then_diff_digests(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

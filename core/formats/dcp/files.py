@@ -310,8 +310,8 @@ def write_dcp(
                 else:
                     at = write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
                 if back is not None and manifest is not None:
-                    tap = TensorTap(t.dtype.name, tuple(t.shape))
-                    back.tensor(back.files[-1], f, at, t.nbytes, tap, manifest.tensors, item.fqn)
+                    back.tensor(back.files[-1], f, at, t.nbytes, t.dtype.name, tuple(t.shape), manifest.tensors,
+                                item.fqn)  # fmt: skip
                 index = _record("MetadataIndex", fqn=item.fqn, index=0, offset=Size((0,) * len(t.shape)))
             storage_data[index] = _record(
                 "_StorageInfo",

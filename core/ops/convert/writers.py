@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
-from ...formats.manifest import METADATA_KEY, Manifest, TensorTap
+from ...formats.manifest import METADATA_KEY, Manifest
 from ...formats.readback import ReadBack
 from ...formats.safetensors import SafetensorsWriter
 from ...io.files import create_file, sync_file
@@ -73,7 +73,7 @@ def _write_read_back(
                 writer.copy(name, data, f"{label} ({name})")
             else:
                 writer.write(name, data[0])
-            back.tensor(file, f, at, t.nbytes, TensorTap(t.dtype.name, tuple(t.shape)), part.tensors, name)
+            back.tensor(file, f, at, t.nbytes, t.dtype.name, tuple(t.shape), part.tensors, name)
             reporter.advance(t.nbytes, current=name)
         back.advance(file, f)
         sync_file(f)  # the data on its way to the disk while it is hashed
