@@ -18,6 +18,13 @@ def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination pat
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     p.add_argument(
+        "--no-manifest",
+        dest="manifest",
+        action="store_false",
+        help="write no manifest (tensor digests and moments, file SHA-256) with the output: faster, "
+        "but check cannot then find a changed byte or a swapped file",
+    )
+    p.add_argument(
         "--trust-pickle",
         action="store_true",
         help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",

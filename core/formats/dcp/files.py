@@ -39,7 +39,8 @@ from ...pickles.unpicklers import (
 )
 from ..manifest import MANIFEST_FILE, HashingFile, Manifest, TensorTap, tapped
 from ..readback import ReadBack
-from ..torchsave.archive import CHUNK_MEMBERS, write_archive, write_tensor_archive
+from ..torchsave.archive import CHUNK_MEMBERS
+from ..torchsave.writer import write_archive, write_tensor_archive
 from ..torchsave.zip import FileView, read_zip_records
 from .tiling import check_tiling
 

@@ -119,7 +119,7 @@ def _result(
 
 
 def _to_torch(
-    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool
+    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool, manifest: bool
 ) -> None:
     obj: Any
     if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
@@ -139,7 +139,8 @@ def _to_torch(
                 names[id(t.storage)] = e.fqn
     storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
     reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
-    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names)
+    tensors = [(e.fqn, e.tensor) for e in plan if isinstance(e.tensor, TensorRef)]
+    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names, tensors, manifest)
 
 
 def _to_dcp(
@@ -150,6 +151,7 @@ def _to_dcp(
     reporter: Reporter,
     files: int | None,
     max_file_size: int | None,
+    manifest: bool,
 ) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
@@ -157,7 +159,15 @@ def _to_dcp(
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
     write_dcp_output(
-        dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path
+        dst,
+        overwrite,
+        items,
+        reporter,
+        str(ckpt.path),
+        files=files,
+        max_file_size=max_file_size,
+        source=ckpt.path,
+        manifest=manifest,
     )
 
 
@@ -198,6 +208,7 @@ def _to_safetensors(
     max_shard_size: int | None,
     transform: Transform,
     directory: bool,
+    manifest: bool = True,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
     tensors: list[tuple[str, TensorRef]] = []
@@ -242,7 +253,9 @@ def _to_safetensors(
         shards[-1].append((name, t))
         size += t.nbytes
     single = max_shard_size is None and not directory
-    write_safetensors_output(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
+    write_safetensors_output(
+        dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single, manifest=manifest
+    )
     return tuple(notes)
 
 
@@ -265,6 +278,7 @@ def convert(
     allow_expansion: bool = False,
     allow_empty: bool = False,
     dequantize: bool = False,
+    manifest: bool = True,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -278,7 +292,9 @@ def convert(
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
     matches nothing while others select is warned about (and listed in the result's notes).
     Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors
-    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``.
+    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``. A local
+    output carries a manifest of its tensors' digests and moments and its files' SHA-256
+    (:mod:`...formats.manifest`) unless ``manifest`` is False.
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it."""
@@ -329,9 +345,9 @@ def convert(
         notes: tuple[str, ...] = ()
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
-            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
         else:
             notes = _to_safetensors(
                 ckpt,
@@ -342,6 +358,7 @@ def convert(
                 max_shard_size=shard_limit,
                 transform=transform,
                 directory=directory,
+                manifest=manifest,
             )
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 
