@@ -97,6 +97,9 @@ def _run_convert(args: argparse.Namespace) -> int:
                 strip_prefix=args.strip_prefix,
                 files=args.files,
                 max_file_size=args.max_file_size,
+                for_ranks=args.for_ranks,
+                layout=args.layout,
+                mesh=args.mesh,
                 **options,
             )
     finally:

@@ -10,7 +10,7 @@ from .flags import UsageError
 
 __all__ = ["check_mapping_flags", "run_map_convert", "run_map_verify", "run_mappings"]
 
-_EXCLUSIVE = ("include", "exclude", "dtype", "strip_prefix", "files", "max_file_size")
+_EXCLUSIVE = ("include", "exclude", "dtype", "strip_prefix", "files", "max_file_size", "for_ranks", "layout", "mesh")
 
 
 def check_mapping_flags(args: argparse.Namespace) -> bool:

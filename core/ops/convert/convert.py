@@ -43,6 +43,7 @@ from .output import (
     write_safetensors_output,
     write_torch_save_output,
 )
+from .reshard import check_rank_options, to_ranks
 from .transform import CASTS, Transform, cast_ref, cast_view
 
 __all__ = [
@@ -279,6 +280,9 @@ def convert(
     allow_empty: bool = False,
     dequantize: bool = False,
     manifest: bool = True,
+    for_ranks: int | None = None,
+    layout: str | None = None,
+    mesh: str | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -295,6 +299,9 @@ def convert(
     (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``. A local
     output carries a manifest of its tensors' digests and moments and its files' SHA-256
     (:mod:`...formats.manifest`) unless ``manifest`` is False.
+    ``for_ranks`` lays a DCP target out for that many ranks in ``layout`` (one of ``load``'s, shard0
+    by default) on ``mesh`` (``"2x2"``; 1-D by default): each rank's chunks in its own file
+    (:mod:`.reshard`).
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it."""
@@ -310,6 +317,7 @@ def convert(
         raise ValueError("--max-shard-size and --strip-prefix apply to --to safetensors only")
     if target != "dcp" and (files is not None or max_file_size is not None):
         raise ValueError("--files and --max-file-size apply to --to dcp only")
+    rank_mesh = check_rank_options(target, for_ranks, layout, mesh, files, max_file_size)
     if files is not None and files < 1:
         raise ValueError("files must be at least 1")
     file_limit = parse_size(max_file_size) if isinstance(max_file_size, str) else max_file_size
@@ -346,6 +354,8 @@ def convert(
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
             _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
+        elif rank_mesh is not None:
+            to_ranks(ckpt, plan, transform, dst_p, overwrite, reporter, layout=layout or "shard0", mesh=rank_mesh)
         elif target == "dcp":
             _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
         else:
