@@ -96,5 +96,7 @@ def write_ranked_dcp(
         dtype, shape = tensors[fqn]
         check_tiling(shape, [(c.offsets, c.sizes) for c in chunks[fqn]], f"{label} ({fqn!r})")
         props = _record("TensorProperties", dtype=dtype, requires_grad=False)
-        state_dict_metadata[fqn] = _record("TensorStorageMetadata", properties=props, size=Size(shape), chunks=chunks[fqn])
+        state_dict_metadata[fqn] = _record(
+            "TensorStorageMetadata", properties=props, size=Size(shape), chunks=chunks[fqn]
+        )
     write_metadata(directory, state_dict_metadata, dict(paths), storage_data, checkpoint_id)

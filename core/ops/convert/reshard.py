@@ -123,7 +123,7 @@ class _Items:
             if where is not None:
                 self._ranges[item.fqn] = where
                 return [(item, None)]
-        return [(item, box) for box in bands(item.offsets, item.sizes, t.dtype.itemsize)]
+        return [(item, box) for box in bands(item.offsets, item.sizes, t.dtype.itemsize, BAND)]
 
     def _produce(self, work: tuple[StoredItem, Box | None]) -> Any:
         self.reporter.check()
@@ -146,8 +146,8 @@ class _Items:
                     yield item, next(stream)[1]
                 else:
                     yield item, (data for _, data in itertools.islice(stream, len(plan)))
-        finally:
-            stream.close()
+        finally:  # the pending read finished or cancelled, not left running (a failed write)
+            getattr(stream, "close", lambda: None)()
 
 
 def write_for_ranks(
