@@ -138,7 +138,7 @@ def test_bands_tile_a_box_in_row_major_order() -> None:
 
 def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tmp_path: Path) -> None:
     dst = tmp_path / "r"
-    convert(multirank_dcp, dst, for_ranks=2, to="dcp")
+    convert(multirank_dcp, dst, for_ranks=2)  # a DCP source's default target (torch.save) is a DCP here
     with pytest.raises(DestinationExistsError):
         convert(multirank_dcp, dst, for_ranks=2, to="dcp")
     before = pickle.dumps(_layout(dst))

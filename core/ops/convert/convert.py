@@ -310,7 +310,7 @@ def convert(
     dst_p = as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = given.format if given is not None else detect_format(src_p)
-    target = to or ("torch" if fmt == "dcp" else "dcp")
+    target = to or ("torch" if fmt == "dcp" and for_ranks is None else "dcp")
     if target not in _NAMES:
         raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
     if target != "safetensors" and (max_shard_size is not None or strip_prefix is not None):
