@@ -17,6 +17,7 @@ pass; a region that is a whole tensor lying verbatim in a source file is copied 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,22 @@ def _whole_range(t: TensorRef, cast: DType | None) -> FileRange | None:
     return FileRange(where.fd, where.offset + t.byte_offset, t.nbytes, where.crc, where.base)
 
 
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch's intra-op threads off while chunks are cut: the cuts are strided copies of a few MiB,
+    which on a busy machine (2 cores, load 7) took 21 s for 512 MiB with 2 threads spinning for
+    their turn, and 2.6 s with one; the read of the next band overlaps them anyway. Process-wide
+    (torch has no other switch), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class _Items:
     """One data file's items with their data, the next band read on a helper thread meanwhile."""
 
@@ -181,7 +198,7 @@ def write_for_ranks(
     try:
         into = source is not None and writes_into(source, dst, "dcp")
         out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
-        with out as tmp:
+        with _one_torch_thread(), out as tmp:
             write_ranked_dcp(
                 tmp,
                 [(rank_file(r), _Items(ckpt, by_name, items, reporter)) for r, items in enumerate(files) if items],
