@@ -2,9 +2,11 @@
 from ``--from`` ranks (matrices ``Shard(0)``, vectors replicated), then for each target (N ranks,
 layout, mesh):
 
-* ``reshard``: ``dcpstudio convert SRC DST --for-ranks N --layout L [--mesh M]`` (the whole command);
+* ``reshard``: ``dcpstudio convert SRC DST --for-ranks N --layout L [--mesh M]`` (the whole command,
+  start-up included, and its peak RSS);
 * ``torch load+save``: torch's own way to a copy laid out for N ranks -- ``dcp.load`` on N ranks
-  from the original into DTensors of the layout, then ``dcp.save`` of them (the anchor);
+  from the original into DTensors of the layout, then ``dcp.save`` of them (the anchor): the two
+  calls in the slowest rank, and the whole launch (start-up, imports, process group) beside;
 * the load a resumed job does -- torch's ``dcp.load`` (``FileSystemReader``, ``DefaultLoadPlanner``)
   on N ranks into DTensors of the layout -- from the original and from the resharded copy: time of
   the slowest rank, and the data files each rank opens (Python's ``open`` audit event).
@@ -28,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = [(2, "shard0", None), (4, "fsdp", "2x2")]
+COMMAND = [  # `dcpstudio convert`, whole, printing its peak RSS (KiB) last on stderr
+    sys.executable,
+    "-c",
+    "import resource, sys\nfrom dcpstudio.cli.main import main\nrc = main(['convert', *sys.argv[1:]])\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(rc)",
+]
 
 
 def save_rank(rank: int, world: int, report: Any, out: str, size: int) -> None:
@@ -74,8 +82,10 @@ def load_rank(rank: int, world: int, report: Any, path: str, layout: str, mesh: 
 def _load(path: Path, n: int, layout: str, mesh: tuple[int, ...], save: str = "") -> dict[str, Any]:
     from dcpstudio.core.ranks.launch import launch
 
+    t0 = time.perf_counter()
     per_rank = launch(load_rank, (str(path), layout, mesh, save), nprocs=n, timeout=1200)
     return {
+        "wall": time.perf_counter() - t0,
         "load": max(r["load"] for r in per_rank),
         "save": max(r["save"] for r in per_rank),
         "files": [r["files"] for r in per_rank],
@@ -108,23 +118,33 @@ def main() -> int:
             for _ in range(args.rounds):
                 shutil.rmtree(dst, ignore_errors=True)
                 shutil.rmtree(ref, ignore_errors=True)
-                cmd = ["dcpstudio", "convert", str(src), str(dst), "--for-ranks", str(n), "--layout", layout, "-q"]
+                cmd = [*COMMAND, str(src), str(dst), "--for-ranks", str(n), "--layout", layout, "-q"]
                 t0 = time.perf_counter()
-                subprocess.run([*cmd, *(["--mesh", mesh_text] if mesh_text else [])], check=True)
-                rows.setdefault("reshard", []).append({"time": time.perf_counter() - t0})
+                done = subprocess.run(
+                    [*cmd, *(["--mesh", mesh_text] if mesh_text else [])], check=True, capture_output=True, text=True
+                )
+                peak = int(done.stderr.split()[-1]) << 10
+                rows.setdefault("reshard", []).append({"time": time.perf_counter() - t0, "peak": peak})
                 anchor = _load(src, n, layout, mesh, save=str(ref))
-                rows.setdefault("torch load+save", []).append({"time": anchor["load"] + anchor["save"]})
+                rows.setdefault("torch load+save", []).append(
+                    {"time": anchor["load"] + anchor["save"], "wall": anchor["wall"]}
+                )
                 rows.setdefault("load original", []).append(_load(src, n, layout, mesh))
                 rows.setdefault("load resharded", []).append(_load(dst, n, layout, mesh))
             print(f"\n{args.source_ranks} -> {n} ranks, {layout}{' on ' + mesh_text if mesh_text else ''}:")
             for name, got in rows.items():
                 seconds = statistics.median(r.get("time", r.get("load", 0.0)) for r in got)
-                files = (
-                    f"  data files opened per rank {got[-1]['files']} (opens {got[-1]['opens']})"
-                    if "files" in got[-1]
+                last = got[-1]
+                more = (
+                    f"  whole launch {statistics.median(r['wall'] for r in got):.2f} s"
+                    if "wall" in last and "load" not in last
                     else ""
                 )
-                print(f"  {name:<16} {seconds:7.2f} s{files}")
+                more += f"  peak RSS {max(r['peak'] for r in got) / 2**20:.0f} MiB" if "peak" in last else ""
+                more += (
+                    f"  data files opened per rank {last['files']} (opens {last['opens']})" if "files" in last else ""
+                )
+                print(f"  {name:<16} {seconds:7.2f} s{more}")
     print(f"\nload average {os.getloadavg()[0]:.2f}")
     return 0
 
