@@ -63,9 +63,9 @@ def resharded(multirank_dcp: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """3 ranks (torch's save) -> 2 ranks shard0, loaded on 2; torch's 2-rank save of that -> 4 ranks
     fsdp on a 2x2 mesh, loaded on 4. One spawn per world size."""
     tmp = tmp_path_factory.mktemp("reshard")
-    assert main(["convert", str(multirank_dcp), str(tmp / "r2"), "--for-ranks", "2", "-q"]) == 0
+    assert main(["convert", str(multirank_dcp), str(tmp / "r2"), "--for-ranks", "2", "--no-manifest", "-q"]) == 0
     two = launch(_ranks.load_resharded, (str(tmp / "r2"), "shard0", (2,), str(tmp / "t2")), nprocs=2, timeout=120)
-    convert(tmp / "t2", tmp / "r4", to="dcp", for_ranks=4, layout="fsdp", mesh="2x2")
+    convert(tmp / "t2", tmp / "r4", to="dcp", for_ranks=4, layout="fsdp", mesh="2x2", manifest=False)
     four = launch(_ranks.load_resharded, (str(tmp / "r4"), "fsdp", (2, 2), str(tmp / "t4")), nprocs=4, timeout=120)
     return {"tmp": tmp, "two": two, "four": four}
 
@@ -100,7 +100,10 @@ def test_selection_casts_bands_and_any_source(
     source is laid out too. Checked with the files' own reader (torch's runs in the spawned tests)."""
     monkeypatch.setattr(reshard, "BAND", 40)  # every chunk of more than 40 bytes in several bands
     dst = tmp_path / "bf"
-    convert(multirank_dcp, dst, to="dcp", for_ranks=3, layout="shard1", include=r"^model\.", dtype="bf16")
+    with pytest.warns(UserWarning, match="no manifest written"):  # said, not silently left out
+        result = convert(multirank_dcp, dst, to="dcp", for_ranks=3, layout="shard1", include=r"^model\.", dtype="bf16")
+    assert any("no manifest written" in note for note in result.notes)
+    assert not [p for p in dst.iterdir() if "manifest" in p.name]
     with open_checkpoint(multirank_dcp) as src, open_checkpoint(dst) as out:
         assert sorted(out.entries) == sorted(f for f in src.entries if f.startswith("model."))
         for fqn in out.entries:
@@ -111,7 +114,7 @@ def test_selection_casts_bands_and_any_source(
             assert files == {c.offsets: f"__{c.ranks[0]}_0.distcp" for c in target_chunks(shape, "shard1", (3,))}
     pt = tmp_path / "model.pt"
     torch.save(_ranks.loadable_state_dict(), pt)
-    convert(pt, tmp_path / "pt4", for_ranks=4, layout="fsdp", mesh="2x2")
+    convert(pt, tmp_path / "pt4", for_ranks=4, layout="fsdp", mesh="2x2", manifest=False)
     with open_checkpoint(pt) as src, open_checkpoint(tmp_path / "pt4") as out:
         assert sorted(out.entries) == sorted(src.entries)
         for fqn, entry in src.entries.items():
@@ -138,9 +141,9 @@ def test_bands_tile_a_box_in_row_major_order() -> None:
 
 def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tmp_path: Path) -> None:
     dst = tmp_path / "r"
-    convert(multirank_dcp, dst, for_ranks=2)  # a DCP source's default target (torch.save) is a DCP here
+    convert(multirank_dcp, dst, for_ranks=2, manifest=False)  # a DCP source's default target (torch.save) is a DCP here
     with pytest.raises(DestinationExistsError):
-        convert(multirank_dcp, dst, for_ranks=2, to="dcp")
+        convert(multirank_dcp, dst, for_ranks=2, to="dcp", manifest=False)
     before = pickle.dumps(_layout(dst))
     token = CancelToken()
 
@@ -148,10 +151,19 @@ def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tm
         token.cancel()
 
     with pytest.raises(CancelledError):
-        convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, progress=cancel_after_first, cancel=token)
+        convert(
+            multirank_dcp,
+            dst,
+            for_ranks=3,
+            to="dcp",
+            overwrite=True,
+            progress=cancel_after_first,
+            cancel=token,
+            manifest=False,
+        )
     assert pickle.dumps(_layout(dst)) == before  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary left
-    convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True)
+    convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, manifest=False)
     assert sorted(p.name for p in dst.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
     assert multiprocessing.active_children() == []
 

@@ -18,7 +18,7 @@ from ...dtypes import DType
 from ...io.files import abandon, create_file, sync_file
 from ...io.raw import FileRange
 from ...pickles.refs import Size
-from ..torchsave.archive import write_tensor_archive
+from ..torchsave.writer import write_tensor_archive
 from .files import _record, check_tiling, write_metadata
 
 __all__ = ["ItemData", "StoredItem", "rank_file", "write_ranked_dcp"]

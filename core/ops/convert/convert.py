@@ -355,7 +355,17 @@ def convert(
             whole = len(plan) == len(ckpt.entries) and dtype is None
             _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
         elif rank_mesh is not None:
-            to_ranks(ckpt, plan, transform, dst_p, overwrite, reporter, layout=layout or "shard0", mesh=rank_mesh)
+            notes = to_ranks(
+                ckpt,
+                plan,
+                transform,
+                dst_p,
+                overwrite,
+                reporter,
+                layout=layout or "shard0",
+                mesh=rank_mesh,
+                manifest=manifest,
+            )
         elif target == "dcp":
             _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
         else:

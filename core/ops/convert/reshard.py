@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from ...checkpoints import Checkpoint
 from ...dtypes import DType
 from ...errors import UnsupportedFormatError
 from ...formats.dcp.ranked import ItemData, StoredItem, rank_file, write_ranked_dcp
-from ...formats.torchsave.archive import write_archive
+from ...formats.torchsave.writer import write_archive
 from ...io.atomic import atomic_into, atomic_output
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange
@@ -243,9 +244,12 @@ def to_ranks(
     *,
     layout: str,
     mesh: Sequence[int],
-) -> None:
+    manifest: bool = True,
+) -> tuple[str, ...]:
     """:func:`write_for_ranks` for a conversion's plan (entries with ``fqn``, ``path``, ``tensor``,
-    ``value``), cast as ``transform`` casts."""
+    ``value``), cast as ``transform`` casts; the notes for the user. No manifest is written (its
+    records are of whole tensors, streamed in order, which a rank's chunks are not): said, when
+    one was asked for."""
     obj = getattr(ckpt, "obj", None)
     if ckpt.format == "torch" and obj is not None and not isinstance(obj, dict):
         raise UnsupportedFormatError(
@@ -257,3 +261,8 @@ def to_ranks(
         cast = transform.cast_of(dtype) if dtype is not None else None
         entries.append(RankedEntry(e.fqn, e.path, e.tensor, e.value, cast))
     write_for_ranks(ckpt, entries, dst, overwrite, reporter, layout=layout, mesh=mesh, source=ckpt.path)
+    if not manifest or not isinstance(dst, Path):  # remote outputs carry none anyway
+        return ()
+    note = f"{dst}: no manifest written (--for-ranks outputs carry none); `dcpstudio verify SRC DST` checks the values"
+    warnings.warn(note, stacklevel=3)
+    return (note,)
