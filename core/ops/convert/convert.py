@@ -299,9 +299,8 @@ def convert(
     (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``. A local
     output carries a manifest of its tensors' digests and moments and its files' SHA-256
     (:mod:`...formats.manifest`) unless ``manifest`` is False.
-    ``for_ranks`` lays a DCP target out for that many ranks in ``layout`` (one of ``load``'s, shard0
-    by default) on ``mesh`` (``"2x2"``; 1-D by default): each rank's chunks in its own file
-    (:mod:`.reshard`).
+    ``for_ranks`` lays a DCP out for that many ranks, ``layout`` (``load``'s; shard0) on ``mesh``
+    (``"2x2"``; 1-D), each rank's chunks in its own file (:mod:`.reshard`).
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it."""
@@ -355,17 +354,7 @@ def convert(
             whole = len(plan) == len(ckpt.entries) and dtype is None
             _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
         elif rank_mesh is not None:
-            notes = to_ranks(
-                ckpt,
-                plan,
-                transform,
-                dst_p,
-                overwrite,
-                reporter,
-                layout=layout or "shard0",
-                mesh=rank_mesh,
-                manifest=manifest,
-            )
+            notes = to_ranks(ckpt, plan, transform, dst_p, overwrite, reporter, layout, rank_mesh, manifest)
         elif target == "dcp":
             _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
         else:

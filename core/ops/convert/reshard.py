@@ -241,8 +241,7 @@ def to_ranks(
     dst: Path,
     overwrite: bool,
     reporter: Reporter,
-    *,
-    layout: str,
+    layout: str | None,
     mesh: Sequence[int],
     manifest: bool = True,
 ) -> tuple[str, ...]:
@@ -260,7 +259,7 @@ def to_ranks(
         dtype = ckpt.entries[e.fqn].dtype if e.tensor is not None else None
         cast = transform.cast_of(dtype) if dtype is not None else None
         entries.append(RankedEntry(e.fqn, e.path, e.tensor, e.value, cast))
-    write_for_ranks(ckpt, entries, dst, overwrite, reporter, layout=layout, mesh=mesh, source=ckpt.path)
+    write_for_ranks(ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path)
     if not manifest or not isinstance(dst, Path):  # remote outputs carry none anyway
         return ()
     note = f"{dst}: no manifest written (--for-ranks outputs carry none); `dcpstudio verify SRC DST` checks the values"
