@@ -24,9 +24,9 @@ from typing import IO, Any
 
 from ...dtypes import dtype_of
 from ...errors import CorruptCheckpointError, UnsupportedFormatError
-from ...io.files import abandon, create_file, member_path, read_regular, sync_file
+from ...io.files import abandon, create_file, member_path, read_regular, save_token, sync_file
 from ...io.pipeline import prefetch
-from ...io.raw import FileRange, read_exact
+from ...io.raw import FileRange, Hole, read_exact
 from ...pickles.refs import Size, StorageRef, TensorRef
 from ...pickles.tensor_io import Payload
 from ...pickles.unpicklers import (
@@ -280,7 +280,7 @@ def write_dcp(
                 f.write(data)
                 index = _record("MetadataIndex", fqn=item.fqn, index=None)
             else:
-                if isinstance(data, FileRange):
+                if isinstance(data, (FileRange, Hole)):
                     write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
                 else:
                     write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
@@ -314,7 +314,7 @@ def write_dcp(
         planner_data={item.fqn: item.path for item in items},
         storage_data=storage_data,
         storage_meta=_record(
-            "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), load_id=None, modules=[]
+            "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.UUID(bytes=save_token(16), version=4)), load_id=None, modules=[]
         ),
         version="1.0.0",
     )

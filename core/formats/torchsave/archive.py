@@ -23,8 +23,8 @@ from typing import IO, Any, BinaryIO
 
 from ...dtypes import DType
 from ...errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
-from ...io.files import open_regular
-from ...io.raw import FileRange, read_exact, source_of
+from ...io.files import open_regular, save_token
+from ...io.raw import FileRange, Hole, read_exact, source_of
 from ...io.remote.locations import RemotePath, as_location
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tree import check_depth
@@ -345,10 +345,14 @@ class TorchSaveWriter:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
         self._zip.copy(f"data/{key}", src, label)
 
+    def reserve_storage(self, key: str, hole: Hole) -> None:
+        """Leave the record for ``key``'s bytes to another writer (a distributed conversion's rank)."""
+        self._zip.reserve(f"data/{key}", hole)
+
     def finish(self) -> None:
         """Write the trailing records and the central directory."""
         self._zip.write("version", b"3\n")
-        self._zip.write(".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())
+        self._zip.write(".data/serialization_id", f"{int.from_bytes(save_token(16), 'little'):040d}".encode())
         self._zip.close()
 
 
@@ -372,7 +376,7 @@ def write_tensor_archive(
     f: BinaryIO,
     dtype: DType,
     shape: tuple[int, ...],
-    data: FileRange | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
+    data: FileRange | Hole | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
     *,
     crc: int | None = None,
     label: str = "",
@@ -390,6 +394,8 @@ def write_tensor_archive(
     ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
     if isinstance(data, FileRange):
         writer.copy_storage(key, data, label)
+    elif isinstance(data, Hole):
+        writer.reserve_storage(key, data)
     elif isinstance(data, (bytes, bytearray, memoryview)):
         writer.write_storage(key, data, crc)
     else:

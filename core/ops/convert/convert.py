@@ -36,12 +36,10 @@ from .output import (
     TRUST_WARNING,
     ConversionResult,
     Target,
+    Writers,
     check_paths,
     check_replaceable,
     destination_kind,
-    write_dcp_output,
-    write_safetensors_output,
-    write_torch_save_output,
 )
 from .transform import CASTS, Transform, cast_ref, cast_view
 
@@ -119,7 +117,7 @@ def _result(
 
 
 def _to_torch(
-    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool
+    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool, out: Writers
 ) -> None:
     obj: Any
     if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
@@ -139,7 +137,7 @@ def _to_torch(
                 names[id(t.storage)] = e.fqn
     storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
     reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
-    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names)
+    out.torch_save(dst, overwrite, obj, reporter, str(ckpt.path), names)
 
 
 def _to_dcp(
@@ -150,13 +148,14 @@ def _to_dcp(
     reporter: Reporter,
     files: int | None,
     max_file_size: int | None,
+    out: Writers,
 ) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    write_dcp_output(
+    out.dcp(
         dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path
     )
 
@@ -198,6 +197,7 @@ def _to_safetensors(
     max_shard_size: int | None,
     transform: Transform,
     directory: bool,
+    out: Writers,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
     tensors: list[tuple[str, TensorRef]] = []
@@ -242,7 +242,7 @@ def _to_safetensors(
         shards[-1].append((name, t))
         size += t.nbytes
     single = max_shard_size is None and not directory
-    write_safetensors_output(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
+    out.safetensors(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
     return tuple(notes)
 
 
@@ -265,6 +265,7 @@ def convert(
     allow_expansion: bool = False,
     allow_empty: bool = False,
     dequantize: bool = False,
+    writers: Writers | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -281,7 +282,9 @@ def convert(
     (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``.
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
-    format detected once, by whoever opens it."""
+    format detected once, by whoever opens it. ``writers``: what writes the planned output (by
+    default :class:`Writers`; a distributed conversion records it, see :mod:`...ranks.convert`)."""
+    out = writers or Writers()
     given = src if isinstance(src, Checkpoint) else None
     src_p = given.path if given is not None else as_location(src)
     dst_p = as_location(dst)
@@ -329,9 +332,9 @@ def convert(
         notes: tuple[str, ...] = ()
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
-            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, out)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, out)
         else:
             notes = _to_safetensors(
                 ckpt,
@@ -342,6 +345,7 @@ def convert(
                 max_shard_size=shard_limit,
                 transform=transform,
                 directory=directory,
+                out=out,
             )
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 
