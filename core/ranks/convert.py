@@ -30,19 +30,18 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.opening import Checkpoint, open_checkpoint
 from ..errors import CancelledError, DCPStudioError
-from ..formats.detect import detect_format
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.convert import convert
 from ..ops.convert.layout import Recorder, combine_crcs, create_files, lay_out, overlay, split_by_bytes, write_pieces
-from ..ops.convert.output import ConversionResult, output_context
+from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..progress import CancelToken, Progress, ProgressCallback
 
-__all__ = ["KILL_VARIABLE", "RankShare", "convert_on_ranks", "convert_rank", "run_convert"]
+__all__ = ["KILL_VARIABLE", "RankShare", "check_plan", "convert_on_ranks", "convert_rank", "refuse_remote", "run_convert"]
 
 KILL_VARIABLE = "DCPSTUDIO_TEST_KILL_RANK"  # fault injection: that rank kills itself after its first block
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -107,20 +106,24 @@ def _stopped_by_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _plan(src: Any, dst: str, options: dict[str, Any], recorder: Recorder, warn: bool) -> ConversionResult:
-    with warnings.catch_warnings():
-        if not warn:  # said once: by rank 0, or by the parent that started the ranks
-            warnings.simplefilter("ignore")
-        return convert(src, dst, writers=recorder.writers(), **options)
+def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, rank: int = 0) -> ConversionResult:
+    """Plan (and, with a distributed writer, carry out) the conversion as ``convert`` or -- with a
+    ``mapping`` option -- ``map_convert`` does; rank 0 copies a mapping's assets."""
+    options = dict(options)
+    mapping, config = options.pop("mapping", None), options.pop("config", None)
+    if mapping is None:
+        return convert(src, dst, writers=writers, **options)
+    from ..ops.mappings import map_convert
+
+    done = map_convert(src, dst, mapping, config, writers=writers, copy_assets=rank == 0, **options)
+    assert done.result is not None
+    return done.result
 
 
-def _open(src: str, options: dict[str, Any], stack: ExitStack) -> Checkpoint:
-    """The source, open for the whole conversion (the plan's tensors read from it to the end)."""
-    fmt = detect_format(as_location(src))
-    trust, dequantize = options.get("trust_pickle", False), options.get("dequantize", False)
-    if trust:
-        warnings.filterwarnings("ignore", message="trusting pickles")  # convert() says it, once
-    return stack.enter_context(open_checkpoint(as_location(src), trust_pickle=trust, fmt=fmt, dequantize=dequantize))
+def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
+    """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
+    refuse_remote(dst)
+    return _plan(src, dst, options, Recorder().writers())
 
 
 def convert_on_ranks(
@@ -132,33 +135,58 @@ def convert_on_ranks(
     cancel: CancelToken | None = None,
     warn: bool = True,
 ) -> tuple[ConversionResult, RankShare]:
-    """This rank's part of converting ``src`` to ``dst`` (``options`` as for ``convert``), in an
-    initialised process group; every rank calls it with the same arguments. ``progress`` reports
-    this rank's bytes; ``warn``: rank 0 issues the conversion's warnings."""
+    """This rank's part of converting ``src`` to ``dst`` (``options`` as for ``convert``, plus
+    ``mapping`` and ``config`` as for ``map_convert``), in an initialised process group; every rank
+    calls it with the same arguments. ``progress`` reports this rank's bytes; ``warn``: rank 0
+    issues the conversion's warnings."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    world = dist.get_world_size()
     started = time.monotonic()
-    options = dict(options or {})
+    entered = False
+    shares: list[RankShare] = []
+
+    def write(kind: Target, *args: Any, **kwargs: Any) -> None:
+        nonlocal entered
+        entered = True
+        shares.append(_write(Recorder(kind, args, kwargs), progress, cancel, started))
+
+    writers = Writers(partial(write, "torch"), partial(write, "dcp"), partial(write, "safetensors"))
+    with _stopped_by_signals(), warnings.catch_warnings():
+        if not (warn and rank == 0):  # said once: by rank 0, or by the parent that started the ranks
+            warnings.simplefilter("ignore")
+        try:
+            refuse_remote(dst)
+            result = _plan(src, dst, dict(options or {}), writers, rank)
+        except _Failed:
+            raise
+        except Exception as e:
+            if not entered:  # the others wait for this rank's layout: they are told, and all raise
+                _agree(_message(e), None)
+            raise
+    return result, shares[0]
+
+
+def _write(
+    recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float
+) -> RankShare:
+    """The writer a distributed conversion hands ``convert``: it runs while the source is open."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
     kill = os.environ.get(KILL_VARIABLE)
     scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
-    with _stopped_by_signals(), ExitStack() as stack:
+    with ExitStack() as stack:
         stack.callback(shutil.rmtree, scratch, True)
-        recorder = Recorder()
-        result: ConversionResult | None = None
         error: str | None = None
         digest = None
         try:
-            refuse_remote(dst)
-            result = _plan(_open(src, options, stack), dst, options, recorder, warn and rank == 0)
             layout = lay_out(recorder, scratch / "laid")
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
         if len(set(_agree(error, digest))) != 1:
             raise DCPStudioError("the ranks planned different outputs: do they all see the same source and options?")
-        assert result is not None
         pieces = split_by_bytes(layout, world)[rank]
         share = sum(p.end - p.start for p in pieces)
 
@@ -177,7 +205,6 @@ def convert_on_ranks(
         assert stage is not None
 
         done = 0
-        total = layout.total
 
         def advance(n: int) -> None:
             nonlocal done
@@ -210,8 +237,7 @@ def convert_on_ranks(
             except Exception as e:
                 error = _message(e)
         _agree(error, None)
-        del total
-    return result, RankShare(rank, share, len(pieces), time.monotonic() - started)
+    return RankShare(rank, share, len(pieces), time.monotonic() - started)
 
 
 def convert_rank(
@@ -242,10 +268,9 @@ def run_convert(
 
     if ranks < 1:
         raise ValueError("ranks must be at least 1")
-    refuse_remote(dst)
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
-    _plan(src_s, dst_s, options, Recorder(), True)
+    check_plan(src_s, dst_s, options)
     out = launch(convert_rank, (src_s, dst_s, options), nprocs=ranks, timeout=timeout, on_progress=on_progress,
                  cancel=cancel, backend="gloo")  # fmt: skip
     return out[0][0], [share for _, share in out]
