@@ -175,16 +175,17 @@ def _write(
 
     rank, world = dist.get_rank(), dist.get_world_size()
     kill = os.environ.get(KILL_VARIABLE)
-    scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
     with ExitStack() as stack:
-        stack.callback(shutil.rmtree, scratch, True)
         error: str | None = None
         digest = None
-        try:
+        scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
+        try:  # the layout is kept, its files are not: a rank killed later leaves nothing here
             layout = lay_out(recorder, scratch / "laid")
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         if len(set(_agree(error, digest))) != 1:
             raise DCPStudioError("the ranks planned different outputs: do they all see the same source and options?")
         pieces = split_by_bytes(layout, world)[rank]
@@ -228,11 +229,13 @@ def _write(
 
         error = None
         if rank == 0:
-            try:
-                final = lay_out(recorder, scratch / "final", combine_crcs(layout, everyone) if layout.crc else None)
+            try:  # laid out again inside the temporary (removed with it, or by the next run if this one dies)
+                laid = Path(stage).parent / ".dcpstudio-layout"
+                final = lay_out(recorder, laid, combine_crcs(layout, everyone) if layout.crc else None)
                 if final.digest() != layout.digest():
                     raise DCPStudioError("internal error: the output laid out again differs")
-                overlay(final, scratch / "final", Path(stage))
+                overlay(final, laid, Path(stage))
+                shutil.rmtree(laid) if laid.is_dir() else laid.unlink()
                 stack.close()  # publishes: the rename into place
             except Exception as e:
                 error = _message(e)
@@ -241,9 +244,17 @@ def _write(
 
 
 def convert_rank(
-    rank: int, world: int, report: Callable[[str, float], None], src: str, dst: str, options: dict[str, Any]
+    rank: int,
+    world: int,
+    report: Callable[[str, float], None],
+    src: str,
+    dst: str,
+    options: dict[str, Any],
+    cwd: str,
 ) -> tuple[ConversionResult, RankShare]:
-    """A rank started by :func:`~.launch.launch`: its progress goes to the parent."""
+    """A rank started by :func:`~.launch.launch`: in its parent's folder (relative paths, and the
+    DCP ``checkpoint_id`` made of one, are the parent's), its progress sent to the parent."""
+    os.chdir(cwd)
 
     def progress(p: Progress) -> None:
         report("convert", p.fraction)
@@ -271,6 +282,6 @@ def run_convert(
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
     check_plan(src_s, dst_s, options)
-    out = launch(convert_rank, (src_s, dst_s, options), nprocs=ranks, timeout=timeout, on_progress=on_progress,
+    out = launch(convert_rank, (src_s, dst_s, options, os.getcwd()), nprocs=ranks, timeout=timeout, on_progress=on_progress,
                  cancel=cancel, backend="gloo")  # fmt: skip
     return out[0][0], [share for _, share in out]

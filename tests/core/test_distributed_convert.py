@@ -1,0 +1,161 @@
+"""Distributed conversion (``convert --ranks N``, torchrun): the same bytes as one process, the
+tensor bytes split between the ranks by size, and nothing published when a rank dies.
+
+Outputs are compared with ``cmp`` semantics: ``$DCPSTUDIO_SAVE_ID`` fixes the random save ids,
+and both conversions write the same relative destination name from folders of their own (a DCP's
+``checkpoint_id`` is the destination as given)."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dcpstudio.core import convert
+from dcpstudio.core.io.crc import crc32_combine
+from dcpstudio.core.ops.convert.layout import GRAIN, Layout, split_by_bytes
+from dcpstudio.core.ranks.convert import KILL_VARIABLE, run_convert
+from dcpstudio.core.ranks.launch import LaunchError, free_port
+
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("out.pt", {"to": "torch"}),
+    ("cast.pt", {"to": "torch", "dtype": "bf16"}),
+    ("out_dcp", {"to": "dcp", "dtype": "fp16", "files": 2}),
+    ("out.safetensors", {"to": "safetensors", "exclude": "^step$"}),
+    ("shards/", {"to": "safetensors", "max_shard_size": 150_000, "exclude": "^step$", "dtype": "bf16"}),
+]
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.is_file():
+        return filecmp.cmp(a, b, shallow=False)
+    cmp = filecmp.dircmp(a, b)
+    names = sorted(p.relative_to(a).as_posix() for p in a.rglob("*"))
+    if names != sorted(p.relative_to(b).as_posix() for p in b.rglob("*")):
+        return False
+    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names if (a / n).is_file()) and cmp is not None
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A skewed torch.save file (one tensor is half the bytes), with a view, a value, mixed dtypes."""
+    g = torch.Generator().manual_seed(0)
+    sd = {
+        "big": torch.randn(256, 512, generator=g),  # 512 KiB: half
+        "emb": torch.randn(100, 300, generator=g).to(torch.bfloat16),
+        "layers": {str(i): torch.randn(50, 40 + i, generator=g) for i in range(12)},
+        "view": torch.randn(60, 70, generator=g).t(),
+        "ids": torch.arange(3000, dtype=torch.int64),
+        "step": 3,
+    }
+    path = tmp_path_factory.mktemp("src") / "src.pt"
+    torch.save(sd, path)
+    return path
+
+
+def test_crc32_combine_is_zlibs() -> None:
+    rng = __import__("random").Random(1)
+    for n, m in [(0, 0), (1, 0), (0, 5), (7, 1), (1000, 4096), (3, 1 << 20), (65537, 12345)]:
+        a, b = rng.randbytes(n), rng.randbytes(m)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), m) == zlib.crc32(a + b)
+
+
+def _layout(sizes: list[int], unit: int = 2) -> Layout:
+    return Layout(False, {"f": sum(sizes)}, [("f", 0, n, unit) for n in sizes], [], crc=True)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_split_by_bytes_balances_any_layout(world: int) -> None:
+    for sizes in ([1 << 30, *[1 << 20] * 1024], [6 << 30, 10, 10, 2 << 20], [4 << 20] * 7, [2 << 30] * 3):
+        shares = split_by_bytes(_layout(sizes), world)
+        got = [sum(p.end - p.start for p in pieces) for pieces in shares]
+        assert sum(got) == sum(sizes)
+        mean = sum(sizes) / world
+        assert all(abs(g - mean) <= 0.1 * mean for g in got), (sizes, got)
+        for pieces in shares:
+            for p in pieces:
+                n = sizes[p.hole]
+                assert p.start % 2 == 0 and p.end % 2 == 0
+                if n >= 4 * GRAIN:  # a large tensor is cut on 16 MiB multiples within it
+                    assert p.start % GRAIN == 0 and (p.end % GRAIN == 0 or p.end == n)
+
+
+def test_ranks_write_the_single_process_bytes(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
+    warnings.simplefilter("ignore")
+    one, many = tmp_path / "one", tmp_path / "many"
+    one.mkdir()
+    many.mkdir()
+    for name, options in CASES:
+        monkeypatch.chdir(one)
+        convert(source, name, **options)
+        monkeypatch.chdir(many)
+        result, shares = run_convert(source, name, ranks=2 if name != "out_dcp" else 3, timeout=120, **options)
+        assert _same(one / name, many / name), name
+        assert result.tensors == 16 and sum(s.nbytes for s in shares) > 0
+        total = sum(s.nbytes for s in shares)
+        assert all(abs(s.nbytes - total / len(shares)) <= 0.1 * total / len(shares) for s in shares), shares
+    assert torch.equal(torch.load(many / "out.pt", weights_only=True)["big"], torch.load(source)["big"])
+
+
+def test_a_killed_rank_publishes_nothing(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    monkeypatch.setenv(KILL_VARIABLE, "1")
+    for name, options in CASES[1:3]:
+        with pytest.raises(LaunchError, match="rank 1 was killed"):
+            run_convert(source, tmp_path / name, ranks=2, timeout=120, **options)
+        assert os.listdir(tmp_path) == []  # no output, no temporary
+    if os.path.isdir("/dev/shm"):
+        assert not {n for n in set(os.listdir("/dev/shm")) - shm if n.startswith("dcpstudio-layout-")}
+
+
+def test_refused_before_any_rank_starts(source: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken.pt").write_bytes(b"x")
+    with pytest.raises(Exception, match="already exists"):
+        run_convert(source, tmp_path / "taken.pt", ranks=2)
+    with pytest.raises(Exception, match="object store cannot take"):
+        run_convert(source, "s3://bucket/out", ranks=2)
+
+
+@pytest.mark.timeout(240)
+def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2`` on 127.0.0.1: two agents rendezvous, one rank each, through the CLI."""
+    env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test", "OMP_NUM_THREADS": "1"}
+    (tmp_path / "one").mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "-q"],
+        cwd=tmp_path / "one", env=env, check=True, timeout=120,
+    )  # fmt: skip
+    (tmp_path / "many").mkdir()
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16"],
+            cwd=tmp_path / "many", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    outs = []
+    try:
+        for p in nodes:
+            outs.append(p.communicate(timeout=180))
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in nodes] == [0, 0], [o[1][-1500:] for o in outs]
+    assert "on 2 ranks" in outs[0][0] and "rank 1:" in outs[0][0]
+    assert _same(tmp_path / "one" / "out_dcp", tmp_path / "many" / "out_dcp")
