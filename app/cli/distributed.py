@@ -45,7 +45,7 @@ class RanksProgress:
             return
         self._last = now
         line = " | ".join(f"rank {r} {f * 100:5.1f}%" for r, f in enumerate(self.fractions))
-        self._stream.write(f"\r{line[: 160]}")
+        self._stream.write(f"\r{line[:160]}")
         self._stream.flush()
 
     def close(self) -> None:

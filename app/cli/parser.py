@@ -72,7 +72,9 @@ def _add_mapping(p: argparse.ArgumentParser, convert: bool) -> None:
 
 
 def _add_ranks(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("distributed conversion (also under torchrun: `torchrun --nproc-per-node N -m dcpstudio convert ...`)")
+    g = p.add_argument_group(
+        "distributed conversion (also under torchrun: `torchrun --nproc-per-node N -m dcpstudio convert ...`)"
+    )
     g.add_argument(
         "--ranks",
         type=int,

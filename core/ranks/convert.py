@@ -41,7 +41,15 @@ from ..ops.convert.layout import Recorder, combine_crcs, create_files, lay_out, 
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..progress import CancelToken, Progress, ProgressCallback
 
-__all__ = ["KILL_VARIABLE", "RankShare", "check_plan", "convert_on_ranks", "convert_rank", "refuse_remote", "run_convert"]
+__all__ = [
+    "KILL_VARIABLE",
+    "RankShare",
+    "check_plan",
+    "convert_on_ranks",
+    "convert_rank",
+    "refuse_remote",
+    "run_convert",
+]
 
 KILL_VARIABLE = "DCPSTUDIO_TEST_KILL_RANK"  # fault injection: that rank kills itself after its first block
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -282,6 +290,8 @@ def run_convert(
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
     check_plan(src_s, dst_s, options)
-    out = launch(convert_rank, (src_s, dst_s, options, os.getcwd()), nprocs=ranks, timeout=timeout, on_progress=on_progress,
-                 cancel=cancel, backend="gloo")  # fmt: skip
+    args = (src_s, dst_s, options, os.getcwd())
+    out = launch(
+        convert_rank, args, nprocs=ranks, timeout=timeout, on_progress=on_progress, cancel=cancel, backend="gloo"
+    )
     return out[0][0], [share for _, share in out]

@@ -88,9 +88,7 @@ def test_split_by_bytes_balances_any_layout(world: int) -> None:
                     assert p.start % GRAIN == 0 and (p.end % GRAIN == 0 or p.end == n)
 
 
-def test_ranks_write_the_single_process_bytes(
-    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ranks_write_the_single_process_bytes(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
     warnings.simplefilter("ignore")
     one, many = tmp_path / "one", tmp_path / "many"
@@ -132,19 +130,40 @@ def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
     """``torchrun --nnodes 2`` on 127.0.0.1: two agents rendezvous, one rank each, through the CLI."""
     env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test", "OMP_NUM_THREADS": "1"}
     (tmp_path / "one").mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "-q"],
-        cwd=tmp_path / "one", env=env, check=True, timeout=120,
-    )  # fmt: skip
+    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "-q"]
+    subprocess.run(single, cwd=tmp_path / "one", env=env, check=True, timeout=120)
     (tmp_path / "many").mkdir()
     port = free_port()
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-             "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16"],
-            cwd=tmp_path / "many", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "dcpstudio",
+                "convert",
+                str(source),
+                "out_dcp",
+                "--dtype",
+                "bf16",
+            ],
+            cwd=tmp_path / "many",
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for node in (0, 1)
     ]
     outs = []

@@ -314,7 +314,11 @@ def write_dcp(
         planner_data={item.fqn: item.path for item in items},
         storage_data=storage_data,
         storage_meta=_record(
-            "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.UUID(bytes=save_token(16), version=4)), load_id=None, modules=[]
+            "StorageMeta",
+            checkpoint_id=checkpoint_id,
+            save_id=str(uuid.UUID(bytes=save_token(16), version=4)),
+            load_id=None,
+            modules=[],
         ),
         version="1.0.0",
     )

@@ -333,8 +333,10 @@ class TorchSaveWriter:
         self._zip.write("byteorder", sys.byteorder.encode())
         return order
 
-    def write_storage(self, key: str, data: bytes | bytearray | memoryview, crc: int | None = None) -> None:
-        """Append the record for ``key`` from its bytes."""
+    def write_storage(self, key: str, data: bytes | bytearray | memoryview | Hole, crc: int | None = None) -> None:
+        """Append the record for ``key`` from its bytes (a :class:`Hole`: left to another writer)."""
+        if isinstance(data, Hole):
+            return self._zip.reserve(f"data/{key}", data)
         self._zip.write(f"data/{key}", data, crc)
 
     def stream_storage(self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
@@ -344,10 +346,6 @@ class TorchSaveWriter:
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
         self._zip.copy(f"data/{key}", src, label)
-
-    def reserve_storage(self, key: str, hole: Hole) -> None:
-        """Leave the record for ``key``'s bytes to another writer (a distributed conversion's rank)."""
-        self._zip.reserve(f"data/{key}", hole)
 
     def finish(self) -> None:
         """Write the trailing records and the central directory."""
@@ -394,9 +392,7 @@ def write_tensor_archive(
     ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
     if isinstance(data, FileRange):
         writer.copy_storage(key, data, label)
-    elif isinstance(data, Hole):
-        writer.reserve_storage(key, data)
-    elif isinstance(data, (bytes, bytearray, memoryview)):
+    elif isinstance(data, (bytes, bytearray, memoryview, Hole)):
         writer.write_storage(key, data, crc)
     else:
         writer.stream_storage(key, storage.nbytes, data)

@@ -155,9 +155,7 @@ def _to_dcp(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    out.dcp(
-        dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path
-    )
+    out.dcp(dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path)
 
 
 def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:

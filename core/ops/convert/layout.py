@@ -118,9 +118,11 @@ def lay_out(recorder: Recorder, at: Path, crcs: Sequence[int] | None = None) -> 
 
     _WRITERS[recorder.kind](*recorder.args, **recorder.kwargs, payload=hook, at=at)
     single = at.is_file()
-    files = {"": at.stat().st_size} if single else {
-        p.relative_to(at).as_posix(): p.stat().st_size for p in sorted(at.rglob("*")) if p.is_file()
-    }
+    files = (
+        {"": at.stat().st_size}
+        if single
+        else {p.relative_to(at).as_posix(): p.stat().st_size for p in sorted(at.rglob("*")) if p.is_file()}
+    )
     placed = []
     for hole, t in zip(holes, sources, strict=True):
         ((name, offset),) = hole.placed
@@ -191,9 +193,10 @@ class _Source:
             where = ref.archive.storage_range(ref)
             if where is not None:
                 return FileRange(where.fd, where.offset + s, e - s, None, where.base)
-            if isinstance(ref.archive, _Cast):
-                return self._cast(ref.archive, t, s, e)
-            return self._computed(ref, lambda: ref.archive.storage_bytes(ref))[s:e]
+            archive = ref.archive
+            if isinstance(archive, _Cast):
+                return self._cast(archive, t, s, e)
+            return self._computed(ref, lambda: archive.storage_bytes(ref))[s:e]
         return self._computed(t, lambda: to_bytes(materialize(t)))[start:end]
 
     def _cast(self, cast: _Cast, t: TensorRef, s: int, e: int) -> memoryview:
@@ -283,9 +286,8 @@ def write_pieces(
             fd = fds.get(name)
             if fd is None:
                 fd = fds[name] = os.open(root / name if name else root, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            if isinstance(data, FileRange):
-                if not _kernel_copy(data, fd, offset + s):
-                    data = _read(data)
+            if isinstance(data, FileRange) and not _kernel_copy(data, fd, offset + s):
+                data = _read(data)
             if not isinstance(data, FileRange):
                 if data.nbytes != e - s:
                     raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
@@ -340,7 +342,9 @@ def overlay(layout: Layout, laid: Path, root: Path) -> None:
     gaps: dict[str, list[tuple[int, int]]] = {}
     for name, offset, n, _ in layout.holes:
         gaps.setdefault(name, []).append((offset, offset + n))
-    names = sorted(layout.files, key=lambda n: (n.rsplit("/", 1)[-1] in (".metadata", "model.safetensors.index.json"), n))
+    names = sorted(
+        layout.files, key=lambda n: (n.rsplit("/", 1)[-1] in (".metadata", "model.safetensors.index.json"), n)
+    )
     for name in names:
         size = layout.files[name]
         keep, pos = [], 0

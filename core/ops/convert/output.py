@@ -225,7 +225,7 @@ def write_torch_save_output(
             for (key, ref), data in prefetch(produce, order):
                 name = names.get(id(ref), key)
                 if isinstance(data, Hole):
-                    writer.reserve_storage(key, data)
+                    writer.write_storage(key, data)
                 elif isinstance(data, FileRange):
                     writer.copy_storage(key, data, f"{label} ({name})")
                 else:
