@@ -11,7 +11,10 @@ included), contenders alternated round by round:
   64 of 16 MiB) to one safetensors file; torch's consolidation gets the same tensors as a
   distributed HF shard (``DCP_SHARDING_INFO``) and writes the same single file.
 
-Per-rank bytes are what each rank wrote (ours: the summary ``--ranks`` prints; torch's: the output
+Two times each: the whole command, and the conversion alone after start-up (the slowest rank's, for
+ranks) -- the start-up of ranks (a fresh interpreter importing torch) is paid once per command
+whatever the size, the conversion is what more ranks divide. Per-rank bytes are what each rank
+wrote (ours: the summary ``--ranks`` prints; torch's: the output
 files each rank was assigned), with their spread from the mean.
 
     python tests/perf/bench_scale.py --rounds 3
@@ -99,6 +102,7 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     results: dict[tuple[str, str], list[float]] = {}
+    work: dict[tuple[str, str], list[float]] = {}  # the conversion after start-up: what more ranks divide
     shares: dict[tuple[str, str], list[int]] = {}
     try:
         for case in ("cast", "skewed"):
@@ -119,7 +123,7 @@ def main() -> None:
             if case == "skewed":
                 anchor = root / "anchor.py"
                 anchor.write_text(TORCH_ANCHOR)
-                contenders["torch consolidate, 2 ranks"] = lambda dst, shard_dir=shard_dir: [
+                contenders["torch consolidate, 2 ranks"] = lambda dst, shard_dir=shard_dir, anchor=anchor: [
                     *torchrun, str(anchor), str(shard_dir), str(dst)]  # fmt: skip
             for r in range(args.rounds):
                 order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
@@ -131,26 +135,40 @@ def main() -> None:
                         load = f.read().split()[0]
                     seconds, stdout = _run(contenders[name](dst), env)
                     if "torch" in name:
+                        t0 = time.perf_counter()
                         os.sync()  # torch's writer does not flush; ours fsyncs before it returns
-                        seconds += 0.0
+                        seconds += time.perf_counter() - t0
                         rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
                         shares[(case, name)] = [row["bytes"] for row in sorted(rows, key=lambda x: x["rank"])]
+                        busy = max(row["seconds"] for row in rows)
                     elif "ranks" in name:
                         shares[(case, name)] = _ours_shares(stdout)
+                        busy = max(float(x) for x in re.findall(r"piece[s]?, ([\d.]+) s", stdout))
                     else:
                         shares[(case, name)] = [dst.stat().st_size]
+                        busy = float(re.findall(r" in ([\d.]+) s", stdout)[0])
+                    work.setdefault((case, name), []).append(busy)
                     results.setdefault((case, name), []).append(seconds)
-                    print(f"  round {r + 1} {name:<28} {seconds:6.2f} s  (load {load})", flush=True)
+                    print(
+                        f"  round {r + 1} {name:<28} {seconds:6.2f} s, converting {busy:6.2f} s  (load {load})",
+                        flush=True,
+                    )
                     shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
             src.unlink()
             shutil.rmtree(shard_dir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{'case':<8} {'contender':<28} {'median':>8} {'vs 1 process':>13}  per-rank bytes")
+    print(f"\n{'case':<8} {'contender':<28} {'whole command':>14} {'converting':>16}  per-rank bytes")
     for (case, name), times in results.items():
         base = statistics.median(results[(case, "dcpstudio, 1 process")])
-        med = statistics.median(times)
-        print(f"{case:<8} {name:<28} {med:7.2f}s {med / base:12.2f}x  {_spread(shares[(case, name)])}")
+        base_work = statistics.median(work[(case, "dcpstudio, 1 process")])
+        med, busy = statistics.median(times), statistics.median(work[(case, name)])
+        print(
+            f"{case:<8} {name:<28} {med:6.2f}s {med / base:5.2f}x {busy:7.2f}s {busy / base_work:5.2f}x  "
+            f"{_spread(shares[(case, name)])}"
+        )
+    print("converting: ours, the time the summary reports (1 process: after start-up; ranks: the slowest rank,")
+    print("after the ranks joined); torch's, the consolidation call on its slowest rank")
     with open("/proc/loadavg") as f:
         print(f"load average at the end: {f.read().strip()}")
 
