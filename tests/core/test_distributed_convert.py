@@ -178,3 +178,17 @@ def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
     assert [p.returncode for p in nodes] == [0, 0], [o[1][-1500:] for o in outs]
     assert "on 2 ranks" in outs[0][0] and "rank 1:" in outs[0][0]
     assert _same(tmp_path / "one" / "out_dcp", tmp_path / "many" / "out_dcp")
+
+
+def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors in chunks (DTensor shards, replicas): assembled whole by each rank that needs a part."""
+    monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
+    warnings.simplefilter("ignore")
+    for folder in ("one", "many"):
+        (tmp_path / folder).mkdir()
+    for name, options in [("out.pt", {"to": "torch"}), ("out.safetensors", {"to": "safetensors", "dtype": "bf16"})]:
+        monkeypatch.chdir(tmp_path / "one")
+        convert(multirank_dcp, name, **options)
+        monkeypatch.chdir(tmp_path / "many")
+        run_convert(multirank_dcp, name, ranks=2, timeout=120, **options)
+        assert _same(tmp_path / "one" / name, tmp_path / "many" / name), name
