@@ -114,16 +114,16 @@ def _stopped_by_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, rank: int = 0) -> ConversionResult:
+def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets: bool) -> ConversionResult:
     """Plan (and, with a distributed writer, carry out) the conversion as ``convert`` or -- with a
-    ``mapping`` option -- ``map_convert`` does; rank 0 copies a mapping's assets."""
+    ``mapping`` option -- ``map_convert`` does; ``assets``: copy a mapping's (rank 0, once written)."""
     options = dict(options)
     mapping, config = options.pop("mapping", None), options.pop("config", None)
     if mapping is None:
         return convert(src, dst, writers=writers, **options)
     from ..ops.mappings import map_convert
 
-    done = map_convert(src, dst, mapping, config, writers=writers, copy_assets=rank == 0, **options)
+    done = map_convert(src, dst, mapping, config, writers=writers, copy_assets=assets, **options)
     assert done.result is not None
     return done.result
 
@@ -131,7 +131,7 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, rank: i
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
     refuse_remote(dst)
-    return _plan(src, dst, options, Recorder().writers())
+    return _plan(src, dst, options, Recorder().writers(), assets=False)
 
 
 def convert_on_ranks(
@@ -165,7 +165,7 @@ def convert_on_ranks(
             warnings.simplefilter("ignore")
         try:
             refuse_remote(dst)
-            result = _plan(src, dst, dict(options or {}), writers, rank)
+            result = _plan(src, dst, dict(options or {}), writers, assets=rank == 0)
         except _Failed:
             raise
         except Exception as e:

@@ -192,3 +192,18 @@ def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeyp
         monkeypatch.chdir(tmp_path / "many")
         run_convert(multirank_dcp, name, ranks=2, timeout=120, **options)
         assert _same(tmp_path / "one" / name, tmp_path / "many" / name), name
+
+
+def test_a_mapped_conversion_on_ranks(tmp_path: Path) -> None:
+    """``--mapping`` through the CLI on 2 ranks: the computed tensors (q/k permuted) and config.json."""
+    from dcpstudio.cli.main import main
+    from tests.core.test_mappings import _titan, _write
+
+    src, cfg = _write(tmp_path, _titan())
+    one, many = tmp_path / "one" / "hf", tmp_path / "many" / "hf"
+    for out, extra in ((one, []), (many, ["--ranks", "2"])):
+        out.parent.mkdir()
+        argv = ["convert", str(src), str(out), "--mapping", "torchtitan-llama3", "--config", str(cfg), "-q", *extra]
+        assert main(argv) == 0
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in many.iterdir())
+    assert _same(one, many)
