@@ -85,6 +85,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_expansion=args.allow_expansion,
         allow_empty=args.allow_empty,
         dequantize=args.dequantize,
+        manifest=args.manifest,
     )
     named = getattr(args, "named", None)
     to = resolve_target(args.dst, getattr(args, "to", None), named, getattr(args, "max_shard_size", None) is not None)

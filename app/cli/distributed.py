@@ -55,7 +55,18 @@ class RanksProgress:
 
 
 def _options(args: argparse.Namespace, mapping: bool, to: str | None) -> dict[str, Any]:
-    common = dict(overwrite=args.overwrite, trust_pickle=args.trust_pickle, to=to, max_shard_size=args.max_shard_size)
+    if args.manifest:
+        raise UsageError(
+            "a conversion on ranks writes no manifest yet (its digests would need combining across ranks): add "
+            "--no-manifest, or convert on one process"
+        )
+    common = dict(
+        overwrite=args.overwrite,
+        trust_pickle=args.trust_pickle,
+        to=to,
+        max_shard_size=args.max_shard_size,
+        manifest=False,
+    )
     if mapping:
         return dict(
             common,

@@ -52,6 +52,7 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         max_shard_size=getattr(args, "max_shard_size", None),
+        manifest=args.manifest,
         progress=bar,
     )
     if args.dry_run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .integrity import add_diff_parser
 from .integrity import add_parsers as add_integrity
 
 
@@ -16,6 +17,13 @@ def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination pat
         "--allow-empty", action="store_true", help="write the output even when --include/--exclude keep no entry"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    p.add_argument(
+        "--no-manifest",
+        dest="manifest",
+        action="store_false",
+        help="write no manifest (tensor digests and moments, file SHA-256) with the output: faster, "
+        "but check cannot then find a changed byte or a swapped file",
+    )
     p.add_argument(
         "--trust-pickle",
         action="store_true",
@@ -222,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     add_integrity(sub)
+    add_diff_parser(sub)
 
     p = sub.add_parser(
         "open",

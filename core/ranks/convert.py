@@ -47,6 +47,7 @@ __all__ = [
     "check_plan",
     "convert_on_ranks",
     "convert_rank",
+    "refuse_manifest",
     "refuse_remote",
     "run_convert",
 ]
@@ -67,6 +68,16 @@ class RankShare:
 
 class _Failed(DCPStudioError):
     """A peer's error, raised on every rank after a collective that carried it."""
+
+
+def refuse_manifest(options: dict[str, Any]) -> None:
+    """Manifests hold digests of whole tensors and files; ranks that each write pieces do not make
+    them yet, and an output without one is not the single-process output: refused, not dropped."""
+    if options.get("manifest", True):
+        raise DCPStudioError(
+            "a conversion on ranks writes no manifest yet: pass manifest=False (--no-manifest), or convert on one "
+            "process"
+        )
 
 
 def refuse_remote(dst: Any) -> None:
@@ -130,6 +141,7 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets:
 
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
+    refuse_manifest(options)
     refuse_remote(dst)
     return _plan(src, dst, options, Recorder().writers(), assets=False)
 
@@ -164,6 +176,7 @@ def convert_on_ranks(
         if not (warn and rank == 0):  # said once: by rank 0, or by the parent that started the ranks
             warnings.simplefilter("ignore")
         try:
+            refuse_manifest(options or {})
             refuse_remote(dst)
             result = _plan(src, dst, dict(options or {}), writers, assets=rank == 0)
         except _Failed:

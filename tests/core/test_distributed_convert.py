@@ -32,6 +32,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("out.safetensors", {"to": "safetensors", "exclude": "^step$"}),
     ("shards/", {"to": "safetensors", "max_shard_size": 150_000, "exclude": "^step$", "dtype": "bf16"}),
 ]
+CASES = [(name, {**options, "manifest": False}) for name, options in CASES]  # ranks write no manifest yet
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -120,9 +121,12 @@ def test_a_killed_rank_publishes_nothing(source: Path, tmp_path: Path, monkeypat
 def test_refused_before_any_rank_starts(source: Path, tmp_path: Path) -> None:
     (tmp_path / "taken.pt").write_bytes(b"x")
     with pytest.raises(Exception, match="already exists"):
-        run_convert(source, tmp_path / "taken.pt", ranks=2)
+        run_convert(source, tmp_path / "taken.pt", ranks=2, manifest=False)
     with pytest.raises(Exception, match="object store cannot take"):
-        run_convert(source, "s3://bucket/out", ranks=2)
+        run_convert(source, "s3://bucket/out", ranks=2, manifest=False)
+    with pytest.raises(Exception, match="writes no manifest yet"):  # refused, not written without one
+        run_convert(source, tmp_path / "out.pt", ranks=2)
+    assert sorted(os.listdir(tmp_path)) == ["taken.pt"]
 
 
 @pytest.mark.timeout(240)
@@ -130,34 +134,16 @@ def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
     """``torchrun --nnodes 2`` on 127.0.0.1: two agents rendezvous, one rank each, through the CLI."""
     env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test", "OMP_NUM_THREADS": "1"}
     (tmp_path / "one").mkdir()
-    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "-q"]
+    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
     subprocess.run(single, cwd=tmp_path / "one", env=env, check=True, timeout=120)
     (tmp_path / "many").mkdir()
     port = free_port()
+    run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    job = ["-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
     nodes = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                str(node),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(port),
-                "-m",
-                "dcpstudio",
-                "convert",
-                str(source),
-                "out_dcp",
-                "--dtype",
-                "bf16",
-            ],
+            [*run, "--node-rank", str(node), *rendezvous, *job],
             cwd=tmp_path / "many",
             env=env,
             stdout=subprocess.PIPE,
@@ -186,7 +172,8 @@ def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeyp
     warnings.simplefilter("ignore")
     for folder in ("one", "many"):
         (tmp_path / folder).mkdir()
-    for name, options in [("out.pt", {"to": "torch"}), ("out.safetensors", {"to": "safetensors", "dtype": "bf16"})]:
+    cases = [("out.pt", {"to": "torch"}), ("out.safetensors", {"to": "safetensors", "dtype": "bf16"})]
+    for name, options in [(n, {**o, "manifest": False}) for n, o in cases]:
         monkeypatch.chdir(tmp_path / "one")
         convert(multirank_dcp, name, **options)
         monkeypatch.chdir(tmp_path / "many")
@@ -204,6 +191,7 @@ def test_a_mapped_conversion_on_ranks(tmp_path: Path) -> None:
     for out, extra in ((one, []), (many, ["--ranks", "2"])):
         out.parent.mkdir()
         argv = ["convert", str(src), str(out), "--mapping", "torchtitan-llama3", "--config", str(cfg), "-q", *extra]
+        argv.append("--no-manifest")
         assert main(argv) == 0
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in many.iterdir())
     assert _same(one, many)

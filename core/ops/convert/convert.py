@@ -117,7 +117,14 @@ def _result(
 
 
 def _to_torch(
-    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool, out: Writers
+    ckpt: Checkpoint,
+    plan: list[_Entry],
+    dst: Path,
+    overwrite: bool,
+    reporter: Reporter,
+    whole: bool,
+    manifest: bool,
+    out: Writers,
 ) -> None:
     obj: Any
     if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
@@ -137,7 +144,8 @@ def _to_torch(
                 names[id(t.storage)] = e.fqn
     storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
     reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
-    out.torch_save(dst, overwrite, obj, reporter, str(ckpt.path), names)
+    tensors = [(e.fqn, e.tensor) for e in plan if isinstance(e.tensor, TensorRef)]
+    out.torch_save(dst, overwrite, obj, reporter, str(ckpt.path), names, tensors, manifest)
 
 
 def _to_dcp(
@@ -148,6 +156,7 @@ def _to_dcp(
     reporter: Reporter,
     files: int | None,
     max_file_size: int | None,
+    manifest: bool,
     out: Writers,
 ) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
@@ -155,7 +164,17 @@ def _to_dcp(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    out.dcp(dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path)
+    out.dcp(
+        dst,
+        overwrite,
+        items,
+        reporter,
+        str(ckpt.path),
+        files=files,
+        max_file_size=max_file_size,
+        source=ckpt.path,
+        manifest=manifest,
+    )
 
 
 def _json_values(values: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -196,6 +215,7 @@ def _to_safetensors(
     transform: Transform,
     directory: bool,
     out: Writers,
+    manifest: bool = True,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
     tensors: list[tuple[str, TensorRef]] = []
@@ -240,7 +260,7 @@ def _to_safetensors(
         shards[-1].append((name, t))
         size += t.nbytes
     single = max_shard_size is None and not directory
-    out.safetensors(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
+    out.safetensors(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single, manifest=manifest)
     return tuple(notes)
 
 
@@ -263,6 +283,7 @@ def convert(
     allow_expansion: bool = False,
     allow_empty: bool = False,
     dequantize: bool = False,
+    manifest: bool = True,
     writers: Writers | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
@@ -277,11 +298,13 @@ def convert(
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
     matches nothing while others select is warned about (and listed in the result's notes).
     Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors
-    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``.
+    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``. A local
+    output carries a manifest of its tensors' digests and moments and its files' SHA-256
+    (:mod:`...formats.manifest`) unless ``manifest`` is False.
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it. ``writers``: what writes the planned output (by
-    default :class:`Writers`; a distributed conversion records it, see :mod:`...ranks.convert`)."""
+    default :class:`Writers`; a distributed conversion runs its own, see :mod:`...ranks.convert`)."""
     out = writers or Writers()
     given = src if isinstance(src, Checkpoint) else None
     src_p = given.path if given is not None else as_location(src)
@@ -330,9 +353,9 @@ def convert(
         notes: tuple[str, ...] = ()
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
-            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, out)
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest, out)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, out)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest, out)
         else:
             notes = _to_safetensors(
                 ckpt,
@@ -344,6 +367,7 @@ def convert(
                 transform=transform,
                 directory=directory,
                 out=out,
+                manifest=manifest,
             )
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 

@@ -19,17 +19,17 @@ from typing import Any, Literal
 
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
-from ...formats.safetensors import SafetensorsWriter
-from ...formats.torchsave.archive import TorchSaveWriter, archive_name
+from ...formats.manifest import METADATA_KEY, Manifest
+from ...formats.torchsave.writer import archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file
-from ...io.pipeline import prefetch
-from ...io.raw import FileRange, Hole
+from ...io.raw import Hole
 from ...io.remote.locations import RemotePath
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
 from .transform import Transform
+from .writers import write_safetensors_file, write_torch_save_file
 
 __all__ = [
     "INDEX_FILE",
@@ -55,7 +55,7 @@ INDEX_FILE = "model.safetensors.index.json"
 Target = Literal["dcp", "torch", "safetensors"]
 PayloadHook = Callable[[TensorRef], "Payload | Hole"]
 """What a writer takes a tensor's bytes from instead of reading them itself: a distributed
-conversion's layout pass returns a :class:`~...io.raw.Hole` for each."""
+conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and writes no manifest)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,11 @@ def output_context(
     return atomic_output(dst, overwrite=overwrite)
 
 
+def _no_manifest(payload: PayloadHook | None, manifest: bool) -> None:
+    if payload is not None and manifest:
+        raise ValueError("an output laid out with its tensors' bytes left out carries no manifest")
+
+
 def write_torch_save_output(
     dst: Path,
     overwrite: bool,
@@ -204,34 +209,29 @@ def write_torch_save_output(
     reporter: Reporter,
     label: str,
     names: dict[int, str],
+    tensors: Sequence[tuple[str, TensorRef]] = (),
+    manifest: bool = True,
     *,
     payload: PayloadHook | None = None,
     at: Path | None = None,
 ) -> None:
     """Stream ``obj`` as a torch.save file: the pickle, then each storage's record -- copied in
-    the kernel when its bytes lie in place, else written from memory. ``names`` maps a storage's
-    ``id`` to the entry name shown in progress reports. ``payload`` supplies each storage's bytes
-    (as a whole tensor over it) instead; ``at``: write there, not atomically at ``dst``."""
+    the kernel when its bytes lie in place, else written from memory -- and, for a local file with
+    ``manifest``, the digests of ``tensors`` (name, tensor) in a record of its own. ``names`` maps a
+    storage's ``id`` to the entry name shown in progress reports. ``payload`` supplies each
+    storage's bytes (as a whole tensor over it) instead; ``at``: write there, not atomically at
+    ``dst`` (both: a distributed conversion's layout)."""
+    _no_manifest(payload, manifest)
+
+    def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
+        reporter.check()
+        ref = item[1]
+        return payload(TensorRef(ref, ref.dtype, (ref.numel,), (1,))) if payload else storage_payload(ref)
+
     try:
         with output_context(dst, overwrite, at) as tmp, create_file(tmp) as f:
-            writer = TorchSaveWriter(f, archive_name(dst))
-            order = writer.write_pickle(obj)
-
-            def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
-                reporter.check()
-                ref = item[1]
-                return payload(TensorRef(ref, ref.dtype, (ref.numel,), (1,))) if payload else storage_payload(ref)
-
-            for (key, ref), data in prefetch(produce, order):
-                name = names.get(id(ref), key)
-                if isinstance(data, Hole):
-                    writer.write_storage(key, data)
-                elif isinstance(data, FileRange):
-                    writer.copy_storage(key, data, f"{label} ({name})")
-                else:
-                    writer.write_storage(key, data[0], data[1])
-                reporter.advance(ref.nbytes, current=name)
-            writer.finish()
+            local = tmp if manifest and isinstance(tmp, Path) else None
+            write_torch_save_file(f, local, archive_name(dst), obj, tensors, produce, reporter, label, names)
             sync_file(f)
     except OSError as e:
         raise io_error(dst, e) from e
@@ -247,12 +247,14 @@ def write_dcp_output(
     files: int | None = None,
     max_file_size: int | None = None,
     source: Any = None,
+    manifest: bool = True,
     payload: PayloadHook | None = None,
     at: Path | None = None,
 ) -> None:
     """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
     files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
     :func:`writes_into` says so. ``payload``, ``at``: as for :func:`write_torch_save_output`."""
+    _no_manifest(payload, manifest)
 
     def produce(t: TensorRef) -> Payload | Hole:
         reporter.check()
@@ -272,6 +274,7 @@ def write_dcp_output(
                 label=label,
                 files=files,
                 max_file_size=max_file_size,
+                manifest=Manifest() if manifest else None,
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -286,12 +289,14 @@ def write_safetensors_output(
     label: str,
     *,
     single_file: bool,
+    manifest: bool = True,
     payload: PayloadHook | None = None,
     at: Path | None = None,
 ) -> None:
     """One safetensors file (``single_file``), or a directory of shards with
     ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order. ``payload``,
     ``at``: as for :func:`write_torch_save_output`."""
+    _no_manifest(payload, manifest)
 
     def produce(item: tuple[str, TensorRef]) -> Payload | Hole:
         reporter.check()
@@ -308,22 +313,18 @@ def write_safetensors_output(
                     (tmp / ("model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"), s)
                     for k, s in enumerate(shards, 1)
                 ]
+            whole: Manifest | None = Manifest() if manifest else None
             for path, shard in files:
-                with create_file(path) as f:
-                    writer = SafetensorsWriter(f, [(name, t.dtype, t.shape) for name, t in shard], metadata)
-                    for (name, t), data in prefetch(produce, shard):
-                        if isinstance(data, Hole):
-                            writer.reserve(name, data)
-                        elif isinstance(data, FileRange):
-                            writer.copy(name, data, f"{label} ({name})")
-                        else:
-                            writer.write(name, data[0])
-                        reporter.advance(t.nbytes, current=name)
-                    writer.finish()
+                part = write_safetensors_file(path, shard, metadata, produce, reporter, label, manifest=manifest)
+                if whole is not None and part is not None:
+                    whole.tensors.update(part.tensors)
+                    whole.files.update(part.files)
+                else:
+                    whole = None
             if not single_file:
                 total = sum(t.nbytes for shard in shards for _, t in shard)
                 index = {
-                    "metadata": {"total_size": total},
+                    "metadata": {"total_size": total, **({METADATA_KEY: whole.dumps()} if whole is not None else {})},
                     "weight_map": {name: path.name for path, shard in files for name, _ in shard},
                 }
                 with create_file(tmp / INDEX_FILE) as index_file:
@@ -336,8 +337,8 @@ def write_safetensors_output(
 @dataclass(frozen=True)
 class Writers:
     """Where a conversion's output goes: the three writers :func:`~.convert.convert` hands what it
-    planned. The default writes it; a distributed conversion passes recorders instead (it lays the
-    output out once, then its ranks write the bytes)."""
+    planned. The default writes it; a distributed conversion passes its own (it lays the output out
+    once, then its ranks write the bytes)."""
 
     torch_save: Callable[..., None] = write_torch_save_output
     dcp: Callable[..., None] = write_dcp_output
