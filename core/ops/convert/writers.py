@@ -65,7 +65,7 @@ def _write_read_back(
     specs: list[tuple[str, DType, tuple[int, ...]]],
     metadata: dict[str, str],
     reserve: int,
-    produce: Callable[[tuple[str, TensorRef]], Payload],
+    produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
     reporter: Reporter,
     label: str,
 ) -> Manifest:
