@@ -19,13 +19,18 @@ __all__ = ["RanksProgress", "distributed_requested", "run_distributed_convert"]
 def distributed_requested(args: argparse.Namespace) -> bool:
     """``--ranks``, or a torchrun rank (``WORLD_SIZE`` and ``RANK`` set, no ``--ranks``)."""
     ranks = getattr(args, "ranks", None)
+    torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if getattr(args, "named", None) is not None:
+        if torchrun:  # every rank would write the same output on its own
+            raise UsageError(f"{args.named} runs on one process; under torchrun use `convert SRC DST --to ...`")
+        return False
     if ranks is not None and ranks < 1:
         raise UsageError(f"--ranks {ranks}: needs at least 1 rank")
     if getattr(args, "dry_run", False):
         if ranks is not None:
             raise UsageError("--dry-run writes nothing: the plan is the same on any number of ranks; drop --ranks")
         return False
-    return ranks is not None or ("WORLD_SIZE" in os.environ and "RANK" in os.environ)
+    return ranks is not None or torchrun
 
 
 class RanksProgress:

@@ -195,3 +195,17 @@ def test_a_mapped_conversion_on_ranks(tmp_path: Path) -> None:
         assert main(argv) == 0
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in many.iterdir())
     assert _same(one, many)
+
+
+def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """Usage errors before any rank starts: manifests (ranks write none yet), a named command under torchrun."""
+    from dcpstudio.cli.main import main
+
+    assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "2"]) == 2
+    assert "--no-manifest" in capsys.readouterr().err
+    assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "0", "--no-manifest"]) == 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["torch_to_dcp", str(source), str(tmp_path / "d")]) == 2
+    assert "under torchrun use `convert" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
