@@ -38,11 +38,10 @@ CASES = [(name, {**options, "manifest": False}) for name, options in CASES]  # r
 def _same(a: Path, b: Path) -> bool:
     if a.is_file():
         return filecmp.cmp(a, b, shallow=False)
-    cmp = filecmp.dircmp(a, b)
     names = sorted(p.relative_to(a).as_posix() for p in a.rglob("*"))
     if names != sorted(p.relative_to(b).as_posix() for p in b.rglob("*")):
         return False
-    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names if (a / n).is_file()) and cmp is not None
+    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names if (a / n).is_file())
 
 
 @pytest.fixture(scope="module")
