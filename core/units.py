@@ -12,7 +12,9 @@ Two kinds of number, one rule each:
 
 from __future__ import annotations
 
-__all__ = ["exact_count", "human_bytes", "human_count", "plural"]
+import re
+
+__all__ = ["exact_count", "human_bytes", "human_count", "parse_size", "plural"]
 
 
 def _one_decimal(n: float, base: int, units: tuple[str, ...]) -> str:
@@ -45,3 +47,16 @@ def plural(n: int, word: str) -> str:
     if n == 1:
         return f"1 {word}"
     return f"{exact_count(n)} {word[:-1]}ies" if word.endswith("y") else f"{exact_count(n)} {word}s"
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> 5_000_000_000, ``"5GiB"`` -> 5 * 2**30 (the units Hugging Face uses)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"invalid size {text!r}; use e.g. 500MB, 5GB or 2GiB")
+    number, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    scale = (1024 if binary else 1000) ** "_KMGT".index(unit or "_")
+    size = int(number * scale)
+    if size <= 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return size

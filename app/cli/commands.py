@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .distributed import distributed_requested, run_distributed_convert
 from .flags import check_load_flags, resolve_target
 from .mapping_commands import check_mapping_flags, run_map_convert, run_map_verify, run_mappings
 
@@ -66,7 +67,12 @@ def _run_convert(args: argparse.Namespace) -> int:
     from dcpstudio.core import convert, dcp_to_torch_save, torch_save_to_dcp
     from dcpstudio.core.ops.report import human_bytes, plural
 
-    if check_mapping_flags(args):
+    mapping = check_mapping_flags(args)
+    if distributed_requested(args):
+        named = getattr(args, "named", None)
+        to = resolve_target(args.dst, args.to, named, args.max_shard_size is not None) if not mapping else args.to
+        return run_distributed_convert(args, mapping, to)
+    if mapping:
         return _mapped(args, run_map_convert, not (args.quiet or args.dry_run))
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()

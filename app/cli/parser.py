@@ -79,6 +79,22 @@ def _add_mapping(p: argparse.ArgumentParser, convert: bool) -> None:
                        "dtype) and write nothing")  # fmt: skip
 
 
+def _add_ranks(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "distributed conversion (also under torchrun: `torchrun --nproc-per-node N -m dcpstudio convert ...`)"
+    )
+    g.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="convert on N local ranks, the tensor bytes split between them by size (the output is the same, byte for "
+        "byte, with --no-manifest: ranks write none yet); omit under torchrun",
+    )
+    g.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds before the ranks give up on each other (default: 1800)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpstudio",
@@ -125,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--mesh", metavar="SHAPE", help="with --for-ranks: the device mesh, e.g. 2x2 (default: 1-D)")
     _add_mapping(p, convert=True)
+    _add_ranks(p)
     for name, text in (
         ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),
         ("dcp_to_torch", "DCP directory -> torch.save file (format_utils' argument order)"),

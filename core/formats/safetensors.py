@@ -18,7 +18,7 @@ from typing import IO, Any
 from ..dtypes import BY_SAFETENSORS, NO_TORCH_DTYPE, DType
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from ..io.files import file_size, member_path, open_regular, read_regular, sync_file
-from ..io.raw import FileRange, copy_range, read_exact
+from ..io.raw import FileRange, Hole, copy_range, read_exact
 from ..io.remote.locations import as_location
 
 __all__ = [
@@ -349,6 +349,11 @@ class SafetensorsWriter:
     def copy(self, name: str, src: FileRange, label: str) -> None:
         self._take(name, src.nbytes)
         copy_range(src, self._f, label)
+
+    def reserve(self, name: str, hole: Hole) -> None:
+        """Leave the tensor's bytes to another writer (a distributed conversion's rank)."""
+        self._take(name, hole.nbytes)
+        hole.place(self._f)
 
     def finish(self) -> None:
         if self._next != len(self._expected):

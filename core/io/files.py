@@ -29,6 +29,7 @@ __all__ = [
     "open_regular",
     "read_regular",
     "read_with_stat",
+    "save_token",
     "sync_file",
 ]
 
@@ -86,6 +87,22 @@ def file_size(f: IO[bytes]) -> int:
     if isinstance(f, RemoteFile):
         return f.size
     return os.fstat(f.fileno()).st_size
+
+
+SAVE_ID_VARIABLE = "DCPSTUDIO_SAVE_ID"
+
+
+def save_token(nbytes: int = 16) -> bytes:
+    """Random bytes that tell one save from another (torch.save's ``.data/serialization_id``, DCP's
+    ``save_id``), as torch draws them. With ``$DCPSTUDIO_SAVE_ID`` set they are derived from it
+    instead, so outputs are reproducible byte for byte: two runs, or a single-process and a
+    distributed conversion, can be compared with ``cmp``."""
+    seed = os.environ.get(SAVE_ID_VARIABLE)
+    if seed is None:
+        return os.urandom(nbytes)
+    import hashlib
+
+    return hashlib.shake_256(seed.encode()).digest(nbytes)
 
 
 def create_file(path: Path | RemotePath) -> BinaryIO:

@@ -11,7 +11,7 @@ import io
 import os
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileRange",
+    "Hole",
     "contiguous_span",
     "copy_range",
     "crc32",
@@ -118,6 +119,22 @@ class FileRange:
     def start(self) -> int:
         """Where the bytes start in the file."""
         return self.offset + (self.base() if self.base is not None else 0)
+
+
+@dataclass
+class Hole:
+    """Output bytes a writer leaves unwritten: it lays the file out (headers, offsets) and skips
+    ``nbytes`` where they go, recording the place (:meth:`place`). A distributed conversion lays
+    its output out this way, then its ranks fill the holes with positioned writes. ``crc``: the
+    bytes' CRC-32 once known (a ZIP header holds it; 0 stands in while laying out)."""
+
+    nbytes: int
+    crc: int | None = None
+    placed: list[tuple[str, int]] = field(default_factory=list)  # (file name, offset)
+
+    def place(self, f: IO[bytes]) -> None:
+        self.placed.append((str(f.name), f.tell()))
+        f.seek(self.nbytes, os.SEEK_CUR)
 
 
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP, errno.EBADF}

@@ -1,4 +1,4 @@
-"""Start N local ranks with ``torch.multiprocessing`` and supervise them.
+"""Start N local ranks with ``multiprocessing`` and supervise them.
 
 Ranks are forked from a fork server -- a fresh interpreter, started once per parent process, that
 has imported torch and torch.distributed.checkpoint (seconds each, in every rank, when spawned) --
@@ -12,18 +12,16 @@ its rank, and no process is left behind.
 
 from __future__ import annotations
 
+import multiprocessing as mp  # not torch's: only progress and results cross the queue; the parent needs no torch
 import os
 import queue
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-
-import torch
-import torch.multiprocessing as mp
 
 from ..errors import CancelledError, DCPStudioError
 from ..progress import CancelToken
@@ -64,12 +62,12 @@ def startup_seconds() -> float | None:
     return _startup
 
 
-def _context(fn: Any) -> Any:
+def _context(fn: Any, preload: Sequence[str]) -> Any:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     module = getattr(fn, "__module__", None)  # a __main__ would be run again in the server: not preloaded
-    ctx.set_forkserver_preload([*_PRELOAD, *([module] if module and module != "__main__" else [])])
+    ctx.set_forkserver_preload([*preload, *([module] if module and module != "__main__" else [])])
     return ctx
 
 
@@ -86,6 +84,7 @@ def _entry(
     launched_at: float,
 ) -> None:
     global _startup
+    import torch
     import torch.distributed as dist
 
     os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
@@ -166,16 +165,22 @@ def launch(
     on_progress: Callable[[RankProgress], None] | None = None,
     cancel: CancelToken | None = None,
     backend: str | None = None,
+    preload: Sequence[str] = _PRELOAD,
 ) -> list[Any]:
     """Run ``fn(rank, world, report, *args)`` on ``nprocs`` spawned ranks; their results in rank order.
 
     ``fn`` must be importable by name (module level). ``report(stage, fraction)`` sends progress.
+    ``preload``: what the fork server imports once for every rank (beside ``fn``'s module); a fork
+    server already running keeps what it has.
     """
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
-    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo")
+    if backend is None:
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
     launched_at = time.time()
-    ctx = _context(fn)
+    ctx = _context(fn, preload)
     q = ctx.Queue()
     port = free_port()
     env = dict(os.environ)

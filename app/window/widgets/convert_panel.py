@@ -31,39 +31,18 @@ from dcpstudio.core.ops.verify import Verification, verify
 from ..context import Context
 from ..locations import Location, is_remote, location, name_of
 from ..workers import Job
+from .destinations import SUFFIX, suggest_destination
 from .drop_button import DropButton
 from .mapping_choice import MappingChoice, MappingRequest
 from .outcome import HEIGHT, OutcomeBox
+from .ranks_choice import RanksChoice
 
 __all__ = ["SUFFIX", "TARGETS", "ConvertPanel", "DropButton", "suggest_destination"]
 
 TARGETS = {"dcp": "→ DCP", "torch": "→ torch.save", "safetensors": "→ safetensors"}
 REPORT_HEIGHT = HEIGHT
-SUFFIX = {"dcp": "_dcp", "torch": ".pt", "safetensors": ".safetensors", "hf": "_hf"}
-"""What a suggested destination ends with; ``hf``: a mapped safetensors output, a Hugging Face folder
-(its shards, index and config.json), not one file."""
 _KINDS = ("convert", "verify")
 _CAST_TIP = "Cast floating-point tensors (every target format)"
-
-
-def suggest_destination(target: str, src: Location, local_dir: str | None = None) -> Path:
-    """A free name beside ``src`` for its conversion to ``target`` (never ``src`` itself). A remote
-    source gets a local name, in ``local_dir`` (the last local folder; home when not given): the
-    store is not asked anything, and a download is what converting from it usually means."""
-    if is_remote(src):
-        name = name_of(src)
-        stem = name.split(".")[0] or name or "checkpoint"
-        folder = Path(local_dir).expanduser() if local_dir else Path.home()
-    else:
-        src = Path(src)
-        stem = src.name.split(".")[0] if src.is_file() else src.name
-        folder = src.parent
-    candidate = folder / (stem + SUFFIX[target])
-    n = 1
-    while candidate.exists() or candidate == src:
-        candidate = folder / f"{stem}-{n}{SUFFIX[target]}"
-        n += 1
-    return candidate
 
 
 def _same(a: object, b: object) -> bool:
@@ -132,6 +111,9 @@ class ConvertPanel(QWidget):
         self.mapping.changed.connect(self._mapping_changed)
         for column, field in enumerate((QLabel("Mapping"), self.mapping.choice, QLabel("Config"), self.mapping.row)):
             form.addWidget(field, 2, column)
+        self.ranks = RanksChoice(self)
+        form.addWidget(QLabel("Ranks"), 3, 0)
+        form.addWidget(self.ranks.spin, 3, 1)
         form.setColumnStretch(1, 1)
         form.setColumnStretch(3, 1)
         self.progress = QProgressBar()
@@ -170,6 +152,7 @@ class ConvertPanel(QWidget):
         lay.addLayout(row)
         lay.addLayout(form)
         lay.addLayout(progress_row)
+        lay.addWidget(self.ranks.bars)
         lay.addWidget(self.outcome)
         lay.addLayout(outcome)
         self.set_busy(False)
@@ -266,6 +249,7 @@ class ConvertPanel(QWidget):
             self._refused(e)
             return None
         refusal = self.mapping.refusal_for(source, request) if request is not None else None
+        refusal = refusal or self.ranks.refusal(source)
         if refusal is not None:  # the preview showed it: said here, before a destination is asked
             self._refused(MappingError(refusal))
             return None
@@ -311,6 +295,16 @@ class ConvertPanel(QWidget):
             if request is None
             else request.convert_work(source, dst, target, overwrite, options.get("max_shard_size"))
         )
+        self.ranks.reset()
+        if self.ranks.count > 1:
+            base = dict(to=target, overwrite=overwrite)
+            fn = self.ranks.work(
+                source,
+                dst,
+                dict(base, allow_expansion=allow_expansion, **options)
+                if request is None
+                else request.rank_options(base, options),
+            )
         cast = options.get("dtype")
         job = self.ctx.start(
             "convert", fn, lambda r: self._converted(r, cast), lambda: self.set_busy(False), self._progress
@@ -334,7 +328,8 @@ class ConvertPanel(QWidget):
             self.convert(target, source, dst, allow_expansion=True)
 
     def _progress(self, p: Any) -> None:
-        self.set_progress(p.fraction, p.current)
+        mean = self.ranks.show(p)  # a rank's, on its bar (and the mean on the panel's)
+        self.set_progress(p.fraction if mean is None else mean, p.current if mean is None else "on ranks")
 
     def _converted(self, result: ConversionResult, cast: object) -> None:
         self.last_result = result

@@ -84,6 +84,11 @@ class MappingRequest:
 
         return work
 
+    def rank_options(self, base: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+        """``run_convert``'s options for this mapped conversion on ranks."""
+        mapped = dict(mapping=self.spec, config=self.config, allow_unmapped=self.allow_unmapped)
+        return dict(base, **mapped, max_shard_size=options.get("max_shard_size"))
+
     def verify_work(self, a: Any, b: Any) -> JobFunction:
         def work(progress: Any, cancel: Any) -> MappedVerification:
             plan, report = map_verify(

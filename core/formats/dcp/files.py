@@ -25,9 +25,9 @@ from typing import IO, Any
 
 from ...dtypes import dtype_of
 from ...errors import CorruptCheckpointError, UnsupportedFormatError
-from ...io.files import abandon, create_file, member_path, read_regular, sync_file
+from ...io.files import abandon, create_file, member_path, read_regular, save_token, sync_file
 from ...io.pipeline import prefetch
-from ...io.raw import FileRange, read_exact
+from ...io.raw import FileRange, Hole, read_exact
 from ...pickles.refs import Size, StorageRef, TensorRef
 from ...pickles.tensor_io import Payload
 from ...pickles.unpicklers import (
@@ -307,7 +307,7 @@ def write_dcp(
                     body = data if isinstance(data, FileRange) else data[0]
                     write_tensor_archive(f, t.dtype, t.shape, tapped(body, tap, label), crc=crc)
                     manifest.tensors[item.fqn] = tap.record()
-                elif isinstance(data, FileRange):
+                elif isinstance(data, (FileRange, Hole)):
                     at = write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
                 else:
                     at = write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
@@ -364,7 +364,11 @@ def write_metadata(
         planner_data=planner_data,
         storage_data=storage_data,
         storage_meta=_record(
-            "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), load_id=None, modules=[]
+            "StorageMeta",
+            checkpoint_id=checkpoint_id,
+            save_id=str(uuid.UUID(bytes=save_token(16), version=4)),
+            load_id=None,
+            modules=[],
         ),
         version="1.0.0",
     )

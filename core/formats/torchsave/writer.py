@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Any, BinaryIO
 
 from ...dtypes import DType
 from ...errors import UnsupportedFormatError
-from ...io.raw import FileRange
+from ...io.files import save_token
+from ...io.raw import FileRange, Hole
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.unpicklers import TorchPickler
 from .zip_writer import ZipWriter
@@ -66,8 +66,10 @@ class TorchSaveWriter:
         self._zip.write("byteorder", sys.byteorder.encode())
         return order
 
-    def write_storage(self, key: str, data: bytes | bytearray | memoryview, crc: int | None = None) -> None:
-        """Append the record for ``key`` from its bytes."""
+    def write_storage(self, key: str, data: bytes | bytearray | memoryview | Hole, crc: int | None = None) -> None:
+        """Append the record for ``key`` from its bytes (a :class:`Hole`: left to another writer)."""
+        if isinstance(data, Hole):
+            return self._zip.reserve(f"data/{key}", data)
         self._zip.write(f"data/{key}", data, crc)
 
     def stream_storage(
@@ -92,7 +94,7 @@ class TorchSaveWriter:
     def finish(self) -> None:
         """Write the trailing records and the central directory."""
         self._zip.write("version", b"3\n")
-        self._zip.write(".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())
+        self._zip.write(".data/serialization_id", f"{int.from_bytes(save_token(16), 'little'):040d}".encode())
         self._zip.close()
 
 
@@ -116,7 +118,7 @@ def write_tensor_archive(
     f: BinaryIO,
     dtype: DType,
     shape: tuple[int, ...],
-    data: FileRange | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
+    data: FileRange | Hole | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
     *,
     crc: int | None = None,
     label: str = "",
@@ -132,7 +134,7 @@ def write_tensor_archive(
     ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
     if isinstance(data, FileRange):
         writer.copy_storage(key, data, label)
-    elif isinstance(data, (bytes, bytearray, memoryview)):
+    elif isinstance(data, (bytes, bytearray, memoryview, Hole)):
         writer.write_storage(key, data, crc)
     else:
         writer.stream_storage(key, storage.nbytes, data, crc)

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Iterable
 from typing import BinaryIO
 
-from ...io.raw import FileRange, copy_range, crc32
+from ...io.raw import FileRange, Hole, copy_range, crc32
 from .zip import _CENTRAL, _EOCD, _EOCD64, _LOCAL, _LOCATOR, _MAX32
 
 __all__ = ["ZipWriter"]
@@ -77,6 +77,11 @@ class ZipWriter:
             raise ValueError("a ZIP record copied from a file needs the bytes' CRC-32")
         self._header(name, src.nbytes, src.crc)
         copy_range(src, self._f, label)
+
+    def reserve(self, name: str, hole: Hole) -> None:
+        """Append a record whose bytes are left for another writer (see :class:`~...io.raw.Hole`)."""
+        self._header(name, hole.nbytes, hole.crc or 0)
+        hole.place(self._f)
 
     def _header(self, name: str, size: int, crc: int) -> None:
         full = f"{self._archive}/{name}".encode()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -30,18 +29,17 @@ from ...io.remote.locations import as_location
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tree import iter_tensors, set_element
 from ...progress import CancelToken, ProgressCallback, Reporter
+from ...units import parse_size
 from .fanout import check_output_size
 from .output import (
     SUFFIX_TARGETS,
     TRUST_WARNING,
     ConversionResult,
     Target,
+    Writers,
     check_paths,
     check_replaceable,
     destination_kind,
-    write_dcp_output,
-    write_safetensors_output,
-    write_torch_save_output,
 )
 from .reshard import check_rank_options, to_ranks
 from .transform import CASTS, Transform, cast_ref, cast_view
@@ -58,19 +56,6 @@ __all__ = [
 
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 _MAX_STORED_VALUES = 64 << 10
-
-
-def parse_size(text: str) -> int:
-    """``"5GB"`` -> 5_000_000_000, ``"5GiB"`` -> 5 * 2**30 (the units Hugging Face uses)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"invalid size {text!r}; use e.g. 500MB, 5GB or 2GiB")
-    number, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
-    scale = (1024 if binary else 1000) ** "_KMGT".index(unit or "_")
-    size = int(number * scale)
-    if size <= 0:
-        raise ValueError(f"invalid size {text!r}: must be positive")
-    return size
 
 
 @dataclass
@@ -120,7 +105,14 @@ def _result(
 
 
 def _to_torch(
-    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool, manifest: bool
+    ckpt: Checkpoint,
+    plan: list[_Entry],
+    dst: Path,
+    overwrite: bool,
+    reporter: Reporter,
+    whole: bool,
+    manifest: bool,
+    out: Writers,
 ) -> None:
     obj: Any
     if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
@@ -141,7 +133,7 @@ def _to_torch(
     storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
     reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
     tensors = [(e.fqn, e.tensor) for e in plan if isinstance(e.tensor, TensorRef)]
-    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names, tensors, manifest)
+    out.torch_save(dst, overwrite, obj, reporter, str(ckpt.path), names, tensors, manifest)
 
 
 def _to_dcp(
@@ -153,13 +145,14 @@ def _to_dcp(
     files: int | None,
     max_file_size: int | None,
     manifest: bool,
+    out: Writers,
 ) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
             f"{ckpt.path}: holds a {type(ckpt.obj).__name__}; DCP stores a dict (state dict) at the top level"
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
-    write_dcp_output(
+    out.dcp(
         dst,
         overwrite,
         items,
@@ -209,6 +202,7 @@ def _to_safetensors(
     max_shard_size: int | None,
     transform: Transform,
     directory: bool,
+    out: Writers,
     manifest: bool = True,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
@@ -254,9 +248,7 @@ def _to_safetensors(
         shards[-1].append((name, t))
         size += t.nbytes
     single = max_shard_size is None and not directory
-    write_safetensors_output(
-        dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single, manifest=manifest
-    )
+    out.safetensors(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single, manifest=manifest)
     return tuple(notes)
 
 
@@ -283,6 +275,7 @@ def convert(
     for_ranks: int | None = None,
     layout: str | None = None,
     mesh: str | None = None,
+    writers: Writers | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -303,7 +296,9 @@ def convert(
     (``"2x2"``; 1-D), each rank's chunks in its own file (:mod:`.reshard`).
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
-    format detected once, by whoever opens it."""
+    format detected once, by whoever opens it. ``writers``: what writes the planned output (by
+    default :class:`Writers`; a distributed conversion runs its own, see :mod:`...ranks.convert`)."""
+    out = writers or Writers()
     given = src if isinstance(src, Checkpoint) else None
     src_p = given.path if given is not None else as_location(src)
     dst_p = as_location(dst)
@@ -352,11 +347,11 @@ def convert(
         notes: tuple[str, ...] = ()
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
-            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest, out)
         elif rank_mesh is not None:
             notes = to_ranks(ckpt, plan, transform, dst_p, overwrite, reporter, layout, rank_mesh, manifest)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest, out)
         else:
             notes = _to_safetensors(
                 ckpt,
@@ -367,6 +362,7 @@ def convert(
                 max_shard_size=shard_limit,
                 transform=transform,
                 directory=directory,
+                out=out,
                 manifest=manifest,
             )
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from ...formats.manifest import METADATA_KEY, Manifest
 from ...formats.torchsave.writer import archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file
+from ...io.raw import Hole
 from ...io.remote.locations import RemotePath
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
@@ -34,10 +36,13 @@ __all__ = [
     "SUFFIX_TARGETS",
     "TRUST_WARNING",
     "ConversionResult",
+    "PayloadHook",
+    "Writers",
     "check_paths",
     "check_replaceable",
     "destination_kind",
     "io_error",
+    "output_context",
     "storage_payload",
     "write_dcp_output",
     "write_safetensors_output",
@@ -48,6 +53,9 @@ __all__ = [
 TRUST_WARNING = "trusting pickles in {}: code embedded in the checkpoint can run"
 INDEX_FILE = "model.safetensors.index.json"
 Target = Literal["dcp", "torch", "safetensors"]
+PayloadHook = Callable[[TensorRef], "Payload | Hole"]
+"""What a writer takes a tensor's bytes from instead of reading them itself: a distributed
+conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and writes no manifest)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,24 @@ def storage_payload(ref: StorageRef) -> Payload:
     return tensor_bytes(whole, need_crc=True)
 
 
+def output_context(
+    dst: Path, overwrite: bool, at: Path | None = None, source: Any = None
+) -> AbstractContextManager[Any]:
+    """Where a writer writes: ``at`` when its caller publishes the output itself, else an atomic
+    temporary beside ``dst`` -- moved into the existing folder ``dst`` when a DCP is written into
+    the folder that holds its ``source`` (:func:`writes_into`)."""
+    if at is not None:
+        return nullcontext(at)
+    if source is not None and writes_into(source, dst, "dcp"):
+        return atomic_into(dst, overwrite=overwrite, keep=source)
+    return atomic_output(dst, overwrite=overwrite)
+
+
+def _no_manifest(payload: PayloadHook | None, manifest: bool) -> None:
+    if payload is not None and manifest:
+        raise ValueError("an output laid out with its tensors' bytes left out carries no manifest")
+
+
 def write_torch_save_output(
     dst: Path,
     overwrite: bool,
@@ -185,18 +211,25 @@ def write_torch_save_output(
     names: dict[int, str],
     tensors: Sequence[tuple[str, TensorRef]] = (),
     manifest: bool = True,
+    *,
+    payload: PayloadHook | None = None,
+    at: Path | None = None,
 ) -> None:
     """Stream ``obj`` as a torch.save file: the pickle, then each storage's record -- copied in
     the kernel when its bytes lie in place, else written from memory -- and, for a local file with
     ``manifest``, the digests of ``tensors`` (name, tensor) in a record of its own. ``names`` maps a
-    storage's ``id`` to the entry name shown in progress reports."""
+    storage's ``id`` to the entry name shown in progress reports. ``payload`` supplies each
+    storage's bytes (as a whole tensor over it) instead; ``at``: write there, not atomically at
+    ``dst`` (both: a distributed conversion's layout)."""
+    _no_manifest(payload, manifest)
 
-    def produce(item: tuple[str, StorageRef]) -> Payload:
+    def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
         reporter.check()
-        return storage_payload(item[1])
+        ref = item[1]
+        return payload(TensorRef(ref, ref.dtype, (ref.numel,), (1,))) if payload else storage_payload(ref)
 
     try:
-        with atomic_output(dst, overwrite=overwrite) as tmp, create_file(tmp) as f:
+        with output_context(dst, overwrite, at) as tmp, create_file(tmp) as f:
             local = tmp if manifest and isinstance(tmp, Path) else None
             write_torch_save_file(f, local, archive_name(dst), obj, tensors, produce, reporter, label, names)
             sync_file(f)
@@ -215,26 +248,27 @@ def write_dcp_output(
     max_file_size: int | None = None,
     source: Any = None,
     manifest: bool = True,
+    payload: PayloadHook | None = None,
+    at: Path | None = None,
 ) -> None:
     """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
     files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
-    :func:`writes_into` says so."""
+    :func:`writes_into` says so. ``payload``, ``at``: as for :func:`write_torch_save_output`."""
+    _no_manifest(payload, manifest)
 
-    def payload(t: TensorRef) -> Payload:
+    def produce(t: TensorRef) -> Payload | Hole:
         reporter.check()
-        return tensor_bytes(t, need_crc=True)
+        return payload(t) if payload else tensor_bytes(t, need_crc=True)
 
     def on_item(item: DCPItem) -> None:
         reporter.advance(item.tensor.nbytes if item.tensor is not None else 0, current=item.fqn)
 
     try:
-        into = source is not None and writes_into(source, dst, "dcp")
-        out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
-        with out as tmp:
+        with output_context(dst, overwrite, at, source) as tmp:
             write_dcp(
                 tmp,
                 items,
-                payload,
+                produce,  # type: ignore[arg-type]
                 checkpoint_id=str(dst),
                 on_item=on_item,
                 label=label,
@@ -256,16 +290,20 @@ def write_safetensors_output(
     *,
     single_file: bool,
     manifest: bool = True,
+    payload: PayloadHook | None = None,
+    at: Path | None = None,
 ) -> None:
     """One safetensors file (``single_file``), or a directory of shards with
-    ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order."""
+    ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order. ``payload``,
+    ``at``: as for :func:`write_torch_save_output`."""
+    _no_manifest(payload, manifest)
 
-    def produce(item: tuple[str, TensorRef]) -> Payload:
+    def produce(item: tuple[str, TensorRef]) -> Payload | Hole:
         reporter.check()
-        return tensor_bytes(item[1], need_crc=False)
+        return payload(item[1]) if payload else tensor_bytes(item[1], need_crc=False)
 
     try:
-        with atomic_output(dst, overwrite=overwrite) as tmp:
+        with output_context(dst, overwrite, at) as tmp:
             if single_file:
                 files = [(tmp, shards[0])]
             else:
@@ -294,3 +332,14 @@ def write_safetensors_output(
                     sync_file(index_file)
     except OSError as e:
         raise io_error(dst, e) from e
+
+
+@dataclass(frozen=True)
+class Writers:
+    """Where a conversion's output goes: the three writers :func:`~.convert.convert` hands what it
+    planned. The default writes it; a distributed conversion passes its own (it lays the output out
+    once, then its ranks write the bytes)."""
+
+    torch_save: Callable[..., None] = write_torch_save_output
+    dcp: Callable[..., None] = write_dcp_output
+    safetensors: Callable[..., None] = write_safetensors_output

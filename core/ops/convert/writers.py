@@ -17,7 +17,7 @@ from ...formats.safetensors import SafetensorsWriter
 from ...formats.torchsave.writer import TorchSaveWriter
 from ...io.files import create_file, sync_file
 from ...io.pipeline import prefetch
-from ...io.raw import FileRange
+from ...io.raw import FileRange, Hole
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload
 from ...progress import Reporter
@@ -29,7 +29,7 @@ def write_safetensors_file(
     path: Path,
     shard: Sequence[tuple[str, TensorRef]],
     metadata: dict[str, str],
-    produce: Callable[[tuple[str, TensorRef]], Payload],
+    produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
     reporter: Reporter,
     label: str,
     *,
@@ -48,7 +48,9 @@ def write_safetensors_file(
     with create_file(path) as f:
         writer = SafetensorsWriter(f, specs, kept)
         for (name, t), data in prefetch(produce, shard):
-            if isinstance(data, FileRange):
+            if isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
+                writer.reserve(name, data)
+            elif isinstance(data, FileRange):
                 writer.copy(name, data, f"{label} ({name})")
             else:
                 writer.write(name, data[0])
@@ -63,7 +65,7 @@ def _write_read_back(
     specs: list[tuple[str, DType, tuple[int, ...]]],
     metadata: dict[str, str],
     reserve: int,
-    produce: Callable[[tuple[str, TensorRef]], Payload],
+    produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
     reporter: Reporter,
     label: str,
 ) -> Manifest:
@@ -78,6 +80,7 @@ def _write_read_back(
             if isinstance(data, FileRange):
                 writer.copy(name, data, f"{label} ({name})")
             else:
+                assert not isinstance(data, Hole), "a laid-out file carries no manifest"
                 writer.write(name, data[0])
             back.tensor(file, f, at, t.nbytes, t.dtype.name, tuple(t.shape), part.tensors, name)
             reporter.advance(t.nbytes, current=name)
@@ -97,7 +100,7 @@ def write_torch_save_file(
     archive: str,
     obj: Any,
     tensors: Sequence[tuple[str, TensorRef]],
-    produce: Callable[[tuple[str, StorageRef]], Payload],
+    produce: Callable[[tuple[str, StorageRef]], Payload | Hole],
     reporter: Reporter,
     label: str,
     names: dict[int, str],
@@ -117,7 +120,9 @@ def write_torch_save_file(
         file = back.file(path) if path is not None else None
         for (key, ref), data in prefetch(produce, order):
             name = names.get(id(ref), key)
-            if isinstance(data, FileRange):
+            if isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
+                writer.write_storage(key, data)
+            elif isinstance(data, FileRange):
                 writer.copy_storage(key, data, f"{label} ({name})")
             else:
                 writer.write_storage(key, data[0], data[1])

@@ -22,7 +22,7 @@ from ...checkpoints.opening import open_checkpoint
 from ...progress import CancelToken, ProgressCallback
 from ..compare.diff import DiffReport, diff
 from ..convert.convert import convert, destination_kind
-from ..convert.output import ConversionResult
+from ..convert.output import ConversionResult, Writers
 from .builtins import BUILTINS, builtin
 from .expr import MappingError
 from .mapped import Mapped
@@ -142,12 +142,15 @@ def map_convert(
     manifest: bool = True,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
+    writers: Writers | None = None,
+    copy_assets: bool = True,
 ) -> MappedConversion:
     """Write ``src`` mapped by ``mapping`` (a :class:`Mapping`, a built-in's name or a TOML file)
     with ``config`` (a Hugging Face config.json, or its contents) at ``dst``. The whole plan is
     checked first (:func:`~.plan.plan_mapping`); ``dry_run`` stops there. ``to``: the format
     (default: a safetensors folder for Hugging Face names, DCP for the other side, or what
-    ``dst``'s suffix names)."""
+    ``dst``'s suffix names). ``writers``: as for :func:`~..convert.convert.convert` (a distributed
+    conversion's); ``copy_assets=False`` leaves the assets to another rank."""
     m, cfg = _mapping(mapping), _config(config)
     with open_checkpoint(src, trust_pickle=trust_pickle) as ckpt:
         plan = plan_mapping(ckpt.entries, m, cfg, allow_unmapped=allow_unmapped)
@@ -171,10 +174,12 @@ def map_convert(
                 manifest=manifest,
                 progress=progress,
                 cancel=cancel,
+                writers=writers,
             )
         finally:
             mapped.close()
-    assets = _copy_assets(result.dst, config if hf else cfg, hf_assets) if folder or hf_assets else ()
+    wanted = bool(folder or hf_assets) and copy_assets
+    assets = _copy_assets(result.dst, config if hf else cfg, hf_assets) if wanted else ()
     return MappedConversion(plan, result, assets)
 
 

@@ -1,0 +1,310 @@
+"""One conversion on many ranks (``torchrun … -m dcpstudio convert``, or ``convert --ranks N``):
+the same output, byte for byte, as the single-process conversion, with the tensor bytes split
+between the ranks by size, not by file.
+
+Every rank plans the conversion itself (:func:`~..ops.convert.convert.convert` with a
+:class:`~..ops.convert.layout.Recorder`) and lays the output out in a scratch folder of its own
+(headers only: :func:`~..ops.convert.layout.lay_out`); the ranks check that their layouts agree.
+Rank 0 makes the atomic temporary beside the destination, with every file at its final size; each
+rank writes its share of the tensor bytes there with positioned writes and returns the CRC-32 of
+each piece; rank 0 lays the output out again with the combined CRCs, copies in its headers, pickles,
+ZIP directories and -- last -- ``.metadata`` or the index, flushes, and renames it into place.
+
+Each step ends in a collective that carries every rank's error: a failure anywhere (an exception,
+SIGTERM or SIGINT -- torchrun sends SIGTERM to the survivors when a rank dies -- or a rank killed
+outright, which breaks its peers' connections) makes every rank raise, and rank 0 removes the
+temporary: nothing is published and nothing is left. The destination must be a filesystem every
+rank sees (a shared one across nodes) and that takes positioned writes; object stores do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..errors import CancelledError, DCPStudioError
+from ..io.remote.locations import RemotePath, as_location
+from ..ops.convert.convert import convert
+from ..ops.convert.layout import Recorder, combine_crcs, create_files, lay_out, overlay, split_by_bytes, write_pieces
+from ..ops.convert.output import ConversionResult, Target, Writers, output_context
+from ..progress import CancelToken, Progress, ProgressCallback
+
+__all__ = [
+    "KILL_VARIABLE",
+    "RankShare",
+    "check_plan",
+    "convert_on_ranks",
+    "convert_rank",
+    "refuse_manifest",
+    "refuse_remote",
+    "run_convert",
+]
+
+KILL_VARIABLE = "DCPSTUDIO_TEST_KILL_RANK"  # fault injection: that rank kills itself after its first block
+_SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one rank did: its bytes of tensor data, in how many pieces, and how long it took."""
+
+    rank: int
+    nbytes: int
+    pieces: int
+    seconds: float
+
+
+class _Failed(DCPStudioError):
+    """A peer's error, raised on every rank after a collective that carried it."""
+
+
+def refuse_manifest(options: dict[str, Any]) -> None:
+    """Manifests hold digests of whole tensors and files; ranks that each write pieces do not make
+    them yet, and an output without one is not the single-process output: refused, not dropped."""
+    if options.get("manifest", True):
+        raise DCPStudioError(
+            "a conversion on ranks writes no manifest yet: pass manifest=False (--no-manifest), or convert on one "
+            "process"
+        )
+
+
+def refuse_remote(dst: Any) -> None:
+    if isinstance(as_location(dst), RemotePath):
+        raise DCPStudioError(
+            f"{dst}: a distributed conversion writes each rank's bytes into pre-sized files at their offsets, which "
+            "an object store cannot take (no positioned writes); write to a shared filesystem, or convert on one rank"
+        )
+
+
+def _agree(error: str | None, value: Any) -> list[Any]:
+    """Every rank's ``value``, once no rank reported an ``error`` (else every rank raises it)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (error, value))
+    failed = [(r, e) for r, (e, _) in enumerate(gathered) if e is not None]
+    if failed:
+        r, e = failed[0]
+        raise _Failed(e if e.startswith("rank ") else f"rank {r}: {e}")
+    return [v for _, v in gathered]
+
+
+def _message(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text if isinstance(e, DCPStudioError) else f"{type(e).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM raises :class:`CancelledError` (once) in the main thread, as SIGINT raises
+    KeyboardInterrupt, so the temporary is removed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup is not interrupted again
+        raise CancelledError(f"stopped by {signal.Signals(signum).name}; nothing was written")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets: bool) -> ConversionResult:
+    """Plan (and, with a distributed writer, carry out) the conversion as ``convert`` or -- with a
+    ``mapping`` option -- ``map_convert`` does; ``assets``: copy a mapping's (rank 0, once written)."""
+    options = dict(options)
+    mapping, config = options.pop("mapping", None), options.pop("config", None)
+    if mapping is None:
+        return convert(src, dst, writers=writers, **options)
+    from ..ops.mappings import map_convert
+
+    done = map_convert(src, dst, mapping, config, writers=writers, copy_assets=assets, **options)
+    assert done.result is not None
+    return done.result
+
+
+def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
+    """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
+    refuse_manifest(options)
+    refuse_remote(dst)
+    return _plan(src, dst, options, Recorder().writers(), assets=False)
+
+
+def convert_on_ranks(
+    src: str,
+    dst: str,
+    options: dict[str, Any] | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    warn: bool = True,
+) -> tuple[ConversionResult, RankShare]:
+    """This rank's part of converting ``src`` to ``dst`` (``options`` as for ``convert``, plus
+    ``mapping`` and ``config`` as for ``map_convert``), in an initialised process group; every rank
+    calls it with the same arguments. ``progress`` reports this rank's bytes; ``warn``: rank 0
+    issues the conversion's warnings."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    started = time.monotonic()
+    entered = False
+    shares: list[RankShare] = []
+
+    def write(kind: Target, *args: Any, **kwargs: Any) -> None:
+        nonlocal entered
+        entered = True
+        shares.append(_write(Recorder(kind, args, kwargs), progress, cancel, started))
+
+    writers = Writers(partial(write, "torch"), partial(write, "dcp"), partial(write, "safetensors"))
+    with _stopped_by_signals(), warnings.catch_warnings():
+        if not (warn and rank == 0):  # said once: by rank 0, or by the parent that started the ranks
+            warnings.simplefilter("ignore")
+        try:
+            refuse_manifest(options or {})
+            refuse_remote(dst)
+            result = _plan(src, dst, dict(options or {}), writers, assets=rank == 0)
+        except _Failed:
+            raise
+        except Exception as e:
+            if not entered:  # the others wait for this rank's layout: they are told, and all raise
+                _agree(_message(e), None)
+            raise
+    return result, shares[0]
+
+
+def _write(
+    recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float
+) -> RankShare:
+    """The writer a distributed conversion hands ``convert``: it runs while the source is open."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kill = os.environ.get(KILL_VARIABLE)
+    with ExitStack() as stack:
+        error: str | None = None
+        digest = None
+        scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
+        try:  # the layout is kept, its files are not: a rank killed later leaves nothing here
+            layout = lay_out(recorder, scratch / "laid")
+            digest = layout.digest()
+        except Exception as e:
+            error = _message(e)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if len(set(_agree(error, digest))) != 1:
+            raise DCPStudioError("the ranks planned different outputs: do they all see the same source and options?")
+        pieces = split_by_bytes(layout, world)[rank]
+        share = sum(p.end - p.start for p in pieces)
+
+        stage: str | None = None
+        error = None
+        if rank == 0:
+            try:
+                tmp = stack.enter_context(
+                    output_context(recorder.dst, recorder.overwrite, source=recorder.kwargs.get("source"))
+                )
+                create_files(layout, tmp)
+                stage = str(tmp)
+            except Exception as e:
+                error = _message(e)
+        stage = _agree(error, stage)[0]
+        assert stage is not None
+
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            if kill is not None and int(kill) == rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if progress is not None:
+                progress(Progress(done, share, 0, 0, f"rank {rank}"))
+
+        def check() -> None:
+            if cancel is not None:
+                cancel.check()
+
+        error = None
+        crcs: list[tuple[int, int, int]] = []
+        try:
+            crcs = write_pieces(layout, pieces, Path(stage), advance, check)
+        except Exception as e:
+            error = _message(e)
+        everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
+
+        error = None
+        if rank == 0:
+            try:  # laid out again inside the temporary (removed with it, or by the next run if this one dies)
+                laid = Path(stage).parent / ".dcpstudio-layout"
+                final = lay_out(recorder, laid, combine_crcs(layout, everyone) if layout.crc else None)
+                if final.digest() != layout.digest():
+                    raise DCPStudioError("internal error: the output laid out again differs")
+                overlay(final, laid, Path(stage))
+                shutil.rmtree(laid) if laid.is_dir() else laid.unlink()
+                stack.close()  # publishes: the rename into place
+            except Exception as e:
+                error = _message(e)
+        _agree(error, None)
+    return RankShare(rank, share, len(pieces), time.monotonic() - started)
+
+
+def convert_rank(
+    rank: int,
+    world: int,
+    report: Callable[[str, float], None],
+    src: str,
+    dst: str,
+    options: dict[str, Any],
+    cwd: str,
+) -> tuple[ConversionResult, RankShare]:
+    """A rank started by :func:`~.launch.launch`: in its parent's folder (relative paths, and the
+    DCP ``checkpoint_id`` made of one, are the parent's), its progress sent to the parent."""
+    os.chdir(cwd)
+
+    def progress(p: Progress) -> None:
+        report("convert", p.fraction)
+
+    return convert_on_ranks(src, dst, options, progress=progress, warn=False)
+
+
+def run_convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    ranks: int,
+    timeout: float = 600.0,
+    on_progress: Any = None,
+    cancel: CancelToken | None = None,
+    **options: Any,
+) -> tuple[ConversionResult, list[RankShare]]:
+    """Convert ``src`` to ``dst`` on ``ranks`` local ranks (``options`` as for ``convert``): the
+    conversion is planned here first, so a bad option or destination is refused before any rank
+    starts. The result, and each rank's share."""
+    from .launch import launch
+
+    if ranks < 1:
+        raise ValueError("ranks must be at least 1")
+    src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
+    dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
+    check_plan(src_s, dst_s, options)
+    args = (src_s, dst_s, options, os.getcwd())
+    out = launch(
+        convert_rank, args, nprocs=ranks, timeout=timeout, on_progress=on_progress, cancel=cancel, backend="gloo"
+    )
+    return out[0][0], [share for _, share in out]

@@ -1,0 +1,213 @@
+"""Distributed conversion (``convert --ranks N``, torchrun): the same bytes as one process, the
+tensor bytes split between the ranks by size, and nothing published when a rank dies.
+
+Outputs are compared with ``cmp`` semantics: ``$DCPSTUDIO_SAVE_ID`` fixes the random save ids,
+and both conversions write the same relative destination name from folders of their own (a DCP's
+``checkpoint_id`` is the destination as given)."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dcpstudio.core import convert
+from dcpstudio.core.io.crc import crc32_combine
+from dcpstudio.core.ops.convert.layout import GRAIN, Layout, split_by_bytes
+from dcpstudio.core.ranks.convert import KILL_VARIABLE, run_convert
+from dcpstudio.core.ranks.launch import LaunchError, free_port
+
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("out.pt", {"to": "torch"}),
+    ("cast.pt", {"to": "torch", "dtype": "bf16"}),
+    ("out_dcp", {"to": "dcp", "dtype": "fp16", "files": 2}),
+    ("out.safetensors", {"to": "safetensors", "exclude": "^step$"}),
+    ("shards/", {"to": "safetensors", "max_shard_size": 150_000, "exclude": "^step$", "dtype": "bf16"}),
+]
+CASES = [(name, {**options, "manifest": False}) for name, options in CASES]  # ranks write no manifest yet
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.is_file():
+        return filecmp.cmp(a, b, shallow=False)
+    names = sorted(p.relative_to(a).as_posix() for p in a.rglob("*"))
+    if names != sorted(p.relative_to(b).as_posix() for p in b.rglob("*")):
+        return False
+    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names if (a / n).is_file())
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A skewed torch.save file (one tensor is half the bytes), with a view, a value, mixed dtypes."""
+    g = torch.Generator().manual_seed(0)
+    sd = {
+        "big": torch.randn(256, 512, generator=g),  # 512 KiB: half
+        "emb": torch.randn(100, 300, generator=g).to(torch.bfloat16),
+        "layers": {str(i): torch.randn(50, 40 + i, generator=g) for i in range(12)},
+        "view": torch.randn(60, 70, generator=g).t(),
+        "ids": torch.arange(3000, dtype=torch.int64),
+        "step": 3,
+    }
+    path = tmp_path_factory.mktemp("src") / "src.pt"
+    torch.save(sd, path)
+    return path
+
+
+def test_crc32_combine_is_zlibs() -> None:
+    rng = __import__("random").Random(1)
+    for n, m in [(0, 0), (1, 0), (0, 5), (7, 1), (1000, 4096), (3, 1 << 20), (65537, 12345)]:
+        a, b = rng.randbytes(n), rng.randbytes(m)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), m) == zlib.crc32(a + b)
+
+
+def _layout(sizes: list[int], unit: int = 2) -> Layout:
+    return Layout(False, {"f": sum(sizes)}, [("f", 0, n, unit) for n in sizes], [], crc=True)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_split_by_bytes_balances_any_layout(world: int) -> None:
+    for sizes in ([1 << 30, *[1 << 20] * 1024], [6 << 30, 10, 10, 2 << 20], [4 << 20] * 7, [2 << 30] * 3):
+        shares = split_by_bytes(_layout(sizes), world)
+        got = [sum(p.end - p.start for p in pieces) for pieces in shares]
+        assert sum(got) == sum(sizes)
+        mean = sum(sizes) / world
+        assert all(abs(g - mean) <= 0.1 * mean for g in got), (sizes, got)
+        for pieces in shares:
+            for p in pieces:
+                n = sizes[p.hole]
+                assert p.start % 2 == 0 and p.end % 2 == 0
+                if n >= 4 * GRAIN:  # a large tensor is cut on 16 MiB multiples within it
+                    assert p.start % GRAIN == 0 and (p.end % GRAIN == 0 or p.end == n)
+
+
+def test_ranks_write_the_single_process_bytes(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
+    warnings.simplefilter("ignore")
+    one, many = tmp_path / "one", tmp_path / "many"
+    one.mkdir()
+    many.mkdir()
+    for name, options in CASES:
+        monkeypatch.chdir(one)
+        convert(source, name, **options)
+        monkeypatch.chdir(many)
+        result, shares = run_convert(source, name, ranks=2 if name != "out_dcp" else 3, timeout=120, **options)
+        assert _same(one / name, many / name), name
+        assert result.tensors == 16 and sum(s.nbytes for s in shares) > 0
+        total = sum(s.nbytes for s in shares)
+        assert all(abs(s.nbytes - total / len(shares)) <= 0.1 * total / len(shares) for s in shares), shares
+    assert torch.equal(torch.load(many / "out.pt", weights_only=True)["big"], torch.load(source)["big"])
+
+
+def test_a_killed_rank_publishes_nothing(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    monkeypatch.setenv(KILL_VARIABLE, "1")
+    for name, options in CASES[1:3]:
+        with pytest.raises(LaunchError, match="rank 1 was killed"):
+            run_convert(source, tmp_path / name, ranks=2, timeout=120, **options)
+        assert os.listdir(tmp_path) == []  # no output, no temporary
+    if os.path.isdir("/dev/shm"):
+        assert not {n for n in set(os.listdir("/dev/shm")) - shm if n.startswith("dcpstudio-layout-")}
+
+
+def test_refused_before_any_rank_starts(source: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken.pt").write_bytes(b"x")
+    with pytest.raises(Exception, match="already exists"):
+        run_convert(source, tmp_path / "taken.pt", ranks=2, manifest=False)
+    with pytest.raises(Exception, match="object store cannot take"):
+        run_convert(source, "s3://bucket/out", ranks=2, manifest=False)
+    with pytest.raises(Exception, match="writes no manifest yet"):  # refused, not written without one
+        run_convert(source, tmp_path / "out.pt", ranks=2)
+    assert sorted(os.listdir(tmp_path)) == ["taken.pt"]
+
+
+@pytest.mark.timeout(240)
+def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2`` on 127.0.0.1: two agents rendezvous, one rank each, through the CLI."""
+    env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test", "OMP_NUM_THREADS": "1"}
+    (tmp_path / "one").mkdir()
+    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
+    subprocess.run(single, cwd=tmp_path / "one", env=env, check=True, timeout=120)
+    (tmp_path / "many").mkdir()
+    port = free_port()
+    run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    job = ["-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
+    nodes = [
+        subprocess.Popen(
+            [*run, "--node-rank", str(node), *rendezvous, *job],
+            cwd=tmp_path / "many",
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outs = []
+    try:
+        for p in nodes:
+            outs.append(p.communicate(timeout=180))
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in nodes] == [0, 0], [o[1][-1500:] for o in outs]
+    assert "on 2 ranks" in outs[0][0] and "rank 1:" in outs[0][0]
+    assert _same(tmp_path / "one" / "out_dcp", tmp_path / "many" / "out_dcp")
+
+
+def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors in chunks (DTensor shards, replicas): assembled whole by each rank that needs a part."""
+    monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
+    warnings.simplefilter("ignore")
+    for folder in ("one", "many"):
+        (tmp_path / folder).mkdir()
+    cases = [("out.pt", {"to": "torch"}), ("out.safetensors", {"to": "safetensors", "dtype": "bf16"})]
+    for name, options in [(n, {**o, "manifest": False}) for n, o in cases]:
+        monkeypatch.chdir(tmp_path / "one")
+        convert(multirank_dcp, name, **options)
+        monkeypatch.chdir(tmp_path / "many")
+        run_convert(multirank_dcp, name, ranks=2, timeout=120, **options)
+        assert _same(tmp_path / "one" / name, tmp_path / "many" / name), name
+
+
+def test_a_mapped_conversion_on_ranks(tmp_path: Path) -> None:
+    """``--mapping`` through the CLI on 2 ranks: the computed tensors (q/k permuted) and config.json."""
+    from dcpstudio.cli.main import main
+    from tests.core.test_mappings import _titan, _write
+
+    src, cfg = _write(tmp_path, _titan())
+    one, many = tmp_path / "one" / "hf", tmp_path / "many" / "hf"
+    for out, extra in ((one, []), (many, ["--ranks", "2"])):
+        out.parent.mkdir()
+        argv = ["convert", str(src), str(out), "--mapping", "torchtitan-llama3", "--config", str(cfg), "-q", *extra]
+        argv.append("--no-manifest")
+        assert main(argv) == 0
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in many.iterdir())
+    assert _same(one, many)
+
+
+def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """Usage errors before any rank starts: manifests (ranks write none yet), a named command under torchrun."""
+    from dcpstudio.cli.main import main
+
+    assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "2"]) == 2
+    assert "--no-manifest" in capsys.readouterr().err
+    assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "0", "--no-manifest"]) == 2
+    capsys.readouterr()
+    assert main(["convert", str(source), str(tmp_path / "d"), "--ranks", "2", "--no-manifest", "--for-ranks", "2"]) == 2
+    assert "--for-ranks (resharding) runs on one process" in capsys.readouterr().err  # was ignored
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["torch_to_dcp", str(source), str(tmp_path / "d")]) == 2
+    assert "under torchrun use `convert" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
