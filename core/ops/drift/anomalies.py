@@ -40,7 +40,7 @@ SPIKE = 10.0
 """How many times its median change a step's change must exceed to be a spike."""
 _TRANSIENT = 4.0  # a change this many times the median, undone by the next step: a fault in one checkpoint
 _UNDONE = 0.25  # the step after is back within this fraction of the change: the change was undone
-_CLOSER = 0.25  # an earlier step this much closer than the previous one: reverted to it
+_CLOSER = 0.5  # an earlier step at most half as far as the previous one: reverted to it
 _LARGE = 2.0  # ... when the change from the previous step is this many times its median
 
 
