@@ -202,8 +202,13 @@ def reference(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[str, list
         ok = [torch.isfinite(t) for t in raw]  # drift's sums take the finite values (of both, in a product)
         ts = [torch.where(f, t, 0.0) for t, f in zip(raw, ok, strict=True)]
         first = ts[0]
-        series: dict[str, list[Any]] = {"norm": [], "rel_change": [], "cos_prev": [], "cos_first": [],
-                                        "max_abs_change": []}  # fmt: skip
+        series: dict[str, list[Any]] = {
+            "norm": [],
+            "rel_change": [],
+            "cos_prev": [],
+            "cos_first": [],
+            "max_abs_change": [],
+        }
         for i, t in enumerate(ts):
             series["norm"].append(float(t.norm()))
             series["cos_first"].append(float((t * ok[0]) @ (first * ok[i]) / (t.norm() * first.norm())))

@@ -159,8 +159,9 @@ def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     faulty = _runs.train(12, freeze=("layers.1.", 4))
     flip = _runs.Flip(7, "model.layers.0.attention.wq.weight", 100)
     out: dict[str, Any] = {
-        "faulty": _runs.save_titan_run(root / "titan", faulty, flip, poison=(10, "model.output.weight", 5),
-                                       extra=(9, "model.extra")),  # fmt: skip
+        "faulty": _runs.save_titan_run(
+            root / "titan", faulty, flip, poison=(10, "model.output.weight", 5), extra=(9, "model.extra")
+        ),
         "faulty_trained": faulty,
         "flip": flip,
         "resumed": _runs.save_titan_run(root / "resumed", _runs.train(12, resume=(9, 3))),

@@ -17,10 +17,23 @@ from dcpstudio.core.errors import DCPStudioError
 from dcpstudio.core.ops.drift import detect_run, drift
 from tests import _runs
 
-LAYER1 = [f"layers.1.{n}" for n in (
-    "attention_norm.weight", "attention_norm.bias", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-    "attention.wo.weight", "ffn_norm.weight", "ffn_norm.bias", "feed_forward.w1.weight", "feed_forward.w1.bias",
-    "feed_forward.w2.weight", "feed_forward.w2.bias")]  # fmt: skip
+LAYER1 = [
+    f"layers.1.{n}"
+    for n in (
+        "attention_norm.weight",
+        "attention_norm.bias",
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "ffn_norm.weight",
+        "ffn_norm.bias",
+        "feed_forward.w1.weight",
+        "feed_forward.w1.bias",
+        "feed_forward.w2.weight",
+        "feed_forward.w2.bias",
+    )
+]
 
 
 @pytest.fixture(scope="module")

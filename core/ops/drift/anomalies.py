@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .metrics import StepSums
@@ -56,7 +56,7 @@ class Finding:
     at: int | None = None
 
 
-Layout = dict[str, tuple[str, str, tuple[int, ...] | None]]  # name -> (kind, dtype, shape) at one step
+Layout = Mapping[str, tuple[str, str, tuple[int, ...] | None]]  # name -> (kind, dtype, shape) at one step
 
 
 def _template(name: str) -> str:
@@ -115,7 +115,9 @@ def _nonfinite(weights: dict[str, list[StepSums | None]]) -> list[Finding]:
         for i, s in enumerate(ss):
             before = ss[i - 1] if i else None
             if s is not None and s.nan + s.inf and (before is None or before.nan + before.inf == 0):
-                out.append(Finding(i, name, "nonfinite", f"{s.nan} NaN, {s.inf} Inf appear (of {s.count})", s.first_bad))
+                out.append(
+                    Finding(i, name, "nonfinite", f"{s.nan} NaN, {s.inf} Inf appear (of {s.count})", s.first_bad)
+                )
     return out
 
 
@@ -158,7 +160,9 @@ def _spikes(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
             assert s is not None
             detail = hits[i]
             if i + 1 < len(ss) and _undone(ss, i + 1):
-                detail += f"; undone at step {steps[i + 1]} (back to step {steps[i - 1]}'s values): this checkpoint alone"
+                detail += (
+                    f"; undone at step {steps[i + 1]} (back to step {steps[i - 1]}'s values): this checkpoint alone"
+                )
             out.append(Finding(i, name, "spike", detail, s.max_prev_at))
     return out
 
@@ -175,8 +179,14 @@ def _transient(ss: list[StepSums | None], i: int, m_rel: float | None, m_big: fl
         return False
     big = bool(m_big) and min(s.max_prev, after.max_prev) > _TRANSIENT * (m_big or 0.0)
     prev = ss[i - 1]
-    rel = (bool(m_rel) and prev is not None and after.diff2_prev is not None and s.diff2_prev is not None
-           and prev.norm2 > 0 and min(s.diff2_prev, after.diff2_prev) > (_TRANSIENT * (m_rel or 0.0)) ** 2 * prev.norm2)  # fmt: skip
+    rel = (
+        bool(m_rel)
+        and prev is not None
+        and after.diff2_prev is not None
+        and s.diff2_prev is not None
+        and prev.norm2 > 0
+        and min(s.diff2_prev, after.diff2_prev) > (_TRANSIENT * (m_rel or 0.0)) ** 2 * prev.norm2
+    )
     return big or rel
 
 
@@ -211,8 +221,14 @@ def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
             if frozen and run_start is None:
                 run_start = i
                 label = _template(name) if not alone else f"{name.split('.', 1)[0]}.*"
-                out.append(Finding(i, name, "frozen", f"unchanged since step {steps[i - 1]} while {len(changing)} of "
-                                                       f"{len(moving)} of {label} change"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "frozen",
+                        f"unchanged since step {steps[i - 1]} while {len(changing)} of {len(moving)} of {label} change",
+                    )
+                )
             elif not frozen:
                 run_start = None
             if s is not None and (s.diff2_prev or 0.0) > 0:
@@ -224,7 +240,9 @@ def _distance(a: list[float], b: list[float]) -> float:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
 
 
-def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], flagged: set[tuple[str, int]]) -> list[Finding]:
+def _reverted(
+    steps: Sequence[int], weights: dict[str, list[StepSums | None]], flagged: set[tuple[str, int]]
+) -> list[Finding]:
     out = []
     for name, ss in weights.items():
         d_prev: list[float | None] = [None] * len(ss)
@@ -238,7 +256,9 @@ def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], f
             if s is None or dp is None or not s.diff2_prev:
                 continue
             if s.diff2_back2 == 0.0 and s.max_back2 == 0.0:
-                out.append(Finding(i, name, "reverted", f"equal to step {steps[i - 2]}'s values, not step {steps[i - 1]}'s"))
+                out.append(
+                    Finding(i, name, "reverted", f"equal to step {steps[i - 2]}'s values, not step {steps[i - 1]}'s")
+                )
                 continue
             best: tuple[float, int] | None = None
             for j in range(i - 1):
@@ -257,9 +277,22 @@ def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], f
             assert older is not None
             exact = d == 0.0 and older.norm2 == s.norm2 and j != i - 2
             if exact:
-                out.append(Finding(i, name, "reverted", f"equal to step {steps[j]}'s values (norm and sampled values), "
-                                                         f"not step {steps[i - 1]}'s"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "reverted",
+                        f"equal to step {steps[j]}'s values (norm and sampled values), not step {steps[i - 1]}'s",
+                    )
+                )
             elif typical and d < _CLOSER * dp and dp > _LARGE * typical:
-                out.append(Finding(i, name, "reverted", f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values "
-                                                         f"than to step {steps[i - 1]}'s (sampled)"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "reverted",
+                        f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values "
+                        f"than to step {steps[i - 1]}'s (sampled)",
+                    )
+                )
     return out

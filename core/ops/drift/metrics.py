@@ -26,8 +26,17 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SAMPLE", "SUB", "Other", "StepSums", "accumulate", "as_float64", "new_histogram", "percentiles",
-           "wants_histogram"]  # fmt: skip
+__all__ = [
+    "SAMPLE",
+    "SUB",
+    "Other",
+    "StepSums",
+    "accumulate",
+    "as_float64",
+    "new_histogram",
+    "percentiles",
+    "wants_histogram",
+]
 
 SUB = 1 << 15
 SAMPLE = 256
@@ -105,8 +114,17 @@ def as_float64(t: torch.Tensor) -> np.ndarray:
     if flat.dtype == torch.bfloat16:
         bits = flat.view(torch.int16).numpy().view(np.uint16)
         return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if flat.dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8,
-                      torch.int16, torch.int32, torch.int64):  # fmt: skip
+    if flat.dtype in (
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    ):
         return flat.numpy().astype(np.float64)
     if flat.dtype.is_complex:
         return torch.view_as_real(flat).reshape(-1).to(torch.float64).numpy()
