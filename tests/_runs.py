@@ -85,6 +85,17 @@ def train(
     """Train and return, after each step, (step, a copy of the model, a copy of the optimizer).
     ``freeze=(prefix, k)``: parameters under ``prefix`` stop learning at step k (checkpoint k equals
     k-1 for them); ``resume=(k, j)``: step k starts from the state saved after step j."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small: threads only wait for each other on a shared machine
+    try:
+        return _train(steps, freeze, resume, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    steps: int, freeze: tuple[str, int] | None, resume: tuple[int, int] | None, seed: int
+) -> list[tuple[int, Tiny, torch.optim.Optimizer]]:
     torch.manual_seed(seed)
     model = Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)

@@ -12,7 +12,7 @@ median change) or with its siblings, never with a fixed scale, so it holds for a
   change are not flagged). Reported once, at the first unchanged step.
 - ``nonfinite``: NaN or Inf where the previous step had none, with the first one's element.
 - ``reverted``: a step whose values equal an earlier, non-adjacent step's (exactly: against the step
-  two back by the full difference, against older ones by norm, cosine to the first step and the
+  two back by the largest element difference, against older ones by norm, cosine to the first step and the
   sampled values) or are far closer to one than to the previous step's while the change from the
   previous step is unusually large -- what resuming from the wrong checkpoint looks like. The
   distances are estimated from the fixed sample of :data:`~.metrics.SAMPLE` elements per step: no
@@ -194,9 +194,9 @@ def _undone(ss: list[StepSums | None], i: int) -> bool:
     """Whether step ``i`` is back within a fraction :data:`_UNDONE` of its change of step ``i - 2``
     (the largest element change, or the L2 change): its change from ``i - 1`` undid ``i - 1``'s."""
     s = ss[i]
-    if s is None or s.max_back2 is None or s.max_prev is None or s.diff2_back2 is None or s.diff2_prev is None:
+    if s is None or s.max_back2 is None or s.max_prev is None:
         return False
-    return s.max_back2 < _UNDONE * s.max_prev or s.diff2_back2 < _UNDONE**2 * s.diff2_prev
+    return s.max_back2 < _UNDONE * s.max_prev
 
 
 def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> list[Finding]:
@@ -255,7 +255,7 @@ def _reverted(
             s, dp = ss[i], d_prev[i]
             if s is None or dp is None or not s.diff2_prev:
                 continue
-            if s.diff2_back2 == 0.0 and s.max_back2 == 0.0:
+            if s.max_back2 == 0.0:  # every element equal to step i - 2's
                 out.append(
                     Finding(i, name, "reverted", f"equal to step {steps[i - 2]}'s values, not step {steps[i - 1]}'s")
                 )
