@@ -2,8 +2,8 @@
 median change) or with its siblings, never with a fixed scale, so it holds for any model and lr.
 
 - ``spike``: a step whose change (relative L2, or the largest element change) is more than
-  :data:`SPIKE` times the tensor's own median change. When the next step undoes it -- the step
-  after is within a normal change of the step before (``‖W_k+1 - W_k-1‖`` small) -- the fault was
+  :data:`SPIKE` times the tensor's own median change. When the next step undoes it -- the element the
+  next step moves most goes back to near its value of the step before -- the fault was
   in that one checkpoint (a flipped bit, a bad write): it is reported once, at the step that holds
   it, naming the element and chunk, and not again as the reversal.
 - ``frozen``: unchanged (bitwise: ‖ΔW‖ = 0) while most of its siblings change -- the tensors of the
@@ -11,13 +11,13 @@ median change) or with its siblings, never with a fixed scale, so it holds for a
   one, the tensors under the same root once it has itself changed before (so buffers that never
   change are not flagged). Reported once, at the first unchanged step.
 - ``nonfinite``: NaN or Inf where the previous step had none, with the first one's element.
-- ``reverted``: a step whose values equal an earlier, non-adjacent step's (exactly: against the step
-  two back by the largest element difference, against older ones by norm, cosine to the first step and the
-  sampled values) or are far closer to one than to the previous step's while the change from the
-  previous step is unusually large -- what resuming from the wrong checkpoint looks like. The
-  distances are estimated from the fixed sample of :data:`~.metrics.SAMPLE` elements per step: no
-  second read and no digest of every step (which would cost hashing every byte, about as much as
-  reading it again on this machine's two cores), at the price that "far closer" is an estimate.
+- ``reverted``: a step whose values equal an earlier, non-adjacent step's (by norm and the sampled
+  values) or are far closer to one than to the previous step's while the change from the previous
+  step is unusually large -- what resuming from the wrong checkpoint looks like. The distances are
+  estimated from the fixed sample of :data:`~.metrics.SAMPLE` elements per step: no second read and
+  no digest of every step (which would hash every byte: about as costly as reading it again on this
+  machine's two cores, and the digest's algorithm is the integrity package's to change), at the price
+  that "equal" and "far closer" are judged on the sample and the norm.
 - ``layout``: an entry added or removed, or its kind, dtype or shape changed, between two steps.
 
 Scalars (0-d or one-element tensors, such as Adam's ``step``) are values, not weights: they go to the
@@ -191,12 +191,12 @@ def _transient(ss: list[StepSums | None], i: int, m_rel: float | None, m_big: fl
 
 
 def _undone(ss: list[StepSums | None], i: int) -> bool:
-    """Whether step ``i`` is back within a fraction :data:`_UNDONE` of its change of step ``i - 2``
-    (the largest element change, or the L2 change): its change from ``i - 1`` undid ``i - 1``'s."""
+    """Whether step ``i``'s largest element change took that element back to within a fraction
+    :data:`_UNDONE` of it of its value at step ``i - 2``: the change undid step ``i - 1``'s."""
     s = ss[i]
-    if s is None or s.max_back2 is None or s.max_prev is None:
+    if s is None or s.back2_at_max is None or not s.max_prev:
         return False
-    return s.max_back2 < _UNDONE * s.max_prev
+    return s.back2_at_max < _UNDONE * s.max_prev
 
 
 def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> list[Finding]:
@@ -255,11 +255,6 @@ def _reverted(
             s, dp = ss[i], d_prev[i]
             if s is None or dp is None or not s.diff2_prev:
                 continue
-            if s.max_back2 == 0.0:  # every element equal to step i - 2's
-                out.append(
-                    Finding(i, name, "reverted", f"equal to step {steps[i - 2]}'s values, not step {steps[i - 1]}'s")
-                )
-                continue
             best: tuple[float, int] | None = None
             for j in range(i - 1):
                 t = ss[j]
@@ -275,7 +270,7 @@ def _reverted(
                 continue  # undoing the fault of step i - 1, reported there
             older = ss[j]
             assert older is not None
-            exact = d == 0.0 and older.norm2 == s.norm2 and j != i - 2
+            exact = d == 0.0 and older.norm2 == s.norm2
             if exact:
                 out.append(
                     Finding(

@@ -67,18 +67,16 @@ class StepSums:
     diff2_prev: float | None = None
     max_prev: float | None = None
     max_prev_at: int | None = None
-    max_back2: float | None = None
+    back2_at_max: float | None = None  # |W - W_back2| at the element of max_prev
     dot_first: float | None = None
     first: int | None = None  # the index of the step dot_first is with
     vmax: float = -math.inf
     sample: list[float] = field(default_factory=list)
     hist: Any = None  # numpy int64 counts over log2 bins, plus zeros in the last slot
 
-    def start(self, prev: bool, back2: bool, first: bool) -> None:
+    def start(self, prev: bool, first: bool) -> None:
         if prev:
             self.dot_prev, self.diff2_prev, self.max_prev = 0.0, 0.0, 0.0
-        if back2:
-            self.max_back2 = 0.0
         if first:
             self.dot_first = 0.0
 
@@ -193,12 +191,10 @@ def accumulate(
             m = float(d.max())
             acc.diff2_prev = (acc.diff2_prev or 0.0) + float(np.dot(d, d))
             if acc.max_prev is None or m > acc.max_prev or acc.max_prev_at is None:
-                acc.max_prev, acc.max_prev_at = m, start + s + int(np.argmax(d))
-        if back2 is not None:
-            bs, xo = _both_finite(back2, s, xs, keep)
-            np.subtract(xo, bs, out=d)
-            np.abs(d, out=d)
-            acc.max_back2 = max(acc.max_back2 or 0.0, float(d.max()))
+                at = int(np.argmax(d))
+                acc.max_prev, acc.max_prev_at = m, start + s + at
+                if back2 is not None:  # where this step moved most: how far from two steps back
+                    acc.back2_at_max = abs(float(xo[at]) - float(back2[0][s + at]))
         if acc.hist is not None:
             good = xs if keep is None else xs[keep]
             if len(good):

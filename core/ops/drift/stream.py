@@ -81,7 +81,7 @@ def stream_tensor(
     for i in wanted:
         prev, back2, first = deps[i]
         acc = sums[i] = StepSums()
-        acc.start(prev is not None, back2 is not None, first is not None and first != i)
+        acc.start(prev is not None, first is not None and first != i)
         acc.first = first if first != i else None
         if wants_histogram(name):
             acc.hist = new_histogram()
