@@ -182,3 +182,24 @@ def test_detect_conventions(tmp_path: Path) -> None:
     _torch_file(plain / "step_2.pt", 2.0)
     with pytest.raises(DCPStudioError, match="two checkpoints for step 2"):
         detect_run(plain)
+
+
+def test_cancel_stores_nothing(training_runs: dict[str, Any]) -> None:
+    """Cancelled from the progress callback (as the window's Esc does): CancelledError, and no step
+    is cached from the half-done computation."""
+    from dcpstudio.core.errors import CancelledError
+    from dcpstudio.core.progress import CancelToken
+
+    run = detect_run(training_runs["faulty"])
+    token = CancelToken()
+    seen: list[float] = []
+
+    def progress(p: Any) -> None:
+        seen.append(p.fraction)
+        if p.done_bytes > 0:
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        drift(run, progress=progress, cancel=token)
+    assert seen and max(seen) < 1.0
+    assert drift(run).cached_steps == 0
