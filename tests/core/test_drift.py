@@ -79,10 +79,10 @@ def test_faults_found_where_they_are(faulty: Any, training_runs: dict[str, Any])
     }
     assert found == expected, (found - expected, expected - found)
     (spike,) = [a for a in faulty.anomalies if a.kind == "spike"]
-    assert spike.chunk == f"element [{flip.index // 32}, {flip.index % 32}]: file __0_0.distcp"
+    assert spike.chunk == "element [20, 4]: chunk 3 of 4 (offsets [16, 0]), file __0_0.distcp"
     assert "undone at step 8" in spike.detail
     (nan,) = [a for a in faulty.anomalies if a.kind == "nonfinite"]
-    assert nan.chunk is not None and nan.chunk.startswith("element [0, 5]")
+    assert nan.chunk == "element [0, 5]: chunk 1 of 4 (offsets [0, 0]), file __0_0.distcp"
     assert faulty.series["model.output.weight"]["nan"] == [0] * 9 + [1, 1, 1]
 
 
