@@ -238,8 +238,8 @@ def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
     return out
 
 
-def _distance(a: list[float], b: list[float]) -> float:
-    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b))
 
 
 def _nearest(ss: list[StepSums | None], i: int, exact: bool) -> tuple[float, int] | None:
@@ -250,12 +250,12 @@ def _nearest(ss: list[StepSums | None], i: int, exact: bool) -> tuple[float, int
     older = [
         j
         for j in range(i - 1)
-        if (t := ss[j]) is not None and len(t.sample) == len(s.sample) and (not exact or t.norm2 == s.norm2)
+        if (t := ss[j]) is not None and t.sample.shape == s.sample.shape and (not exact or t.norm2 == s.norm2)
     ]
     if not older:
         return None
-    here = np.asarray(s.sample)
-    dist = np.linalg.norm(np.asarray([ss[j].sample for j in older]) - here, axis=1)  # type: ignore[union-attr]
+    here = s.sample.astype(np.float64)
+    dist = np.linalg.norm(np.stack([ss[j].sample for j in older]) - here, axis=1)  # type: ignore[union-attr]
     k = int(np.argmin(dist))
     return float(dist[k]), older[k]
 
@@ -271,7 +271,7 @@ def _reverted(
         d_prev: list[float | None] = [None] * len(ss)
         for i in range(1, len(ss)):
             s, p = ss[i], ss[i - 1]
-            if s is not None and p is not None and s.diff2_prev is not None and len(s.sample) == len(p.sample):
+            if s is not None and p is not None and s.diff2_prev is not None and s.sample.shape == p.sample.shape:
                 d_prev[i] = _distance(s.sample, p.sample)
         typical = _median(d_prev)
         for i in range(2, len(ss)):
