@@ -204,3 +204,37 @@ def test_cancel_stores_nothing(training_runs: dict[str, Any], isolated_cache: Pa
     assert seen and max(seen) < 1.0
     stored = [f.read_bytes() for f in isolated_cache.rglob("*") if f.is_file()]
     assert not [b for b in stored if b"drift sums" in b]
+
+
+def test_layout_and_frozen_rules_on_sums() -> None:
+    """The rules alone, on sums: a dtype and a shape change and a removed entry between two steps;
+    a tensor of which there is one that stops changing while the rest of its root moves (frozen,
+    once, at the first unchanged step) -- and a buffer that never changed is not frozen."""
+    from dcpstudio.core.ops.drift import find_anomalies
+    from dcpstudio.core.ops.drift.metrics import StepSums
+
+    def moving(i: int, change: float) -> StepSums:
+        s = StepSums(count=10, norm2=1.0)
+        if i:
+            s.diff2_prev, s.dot_prev, s.max_prev, s.max_prev_at = change, 1.0, change, 0
+        s.sample = [float(i), change]
+        s.finish()
+        return s
+
+    n = 6
+    sums = {
+        "model.head": [moving(i, 0.0 if i >= 3 else 0.01) for i in range(n)],
+        "model.buffer": [moving(i, 0.0) for i in range(n)],
+        **{f"model.w{k}": [moving(i, 0.01 * (1 + 0.1 * ((i + k) % 3))) for i in range(n)] for k in range(4)},
+    }
+    layouts = [{"a": ("tensor", "float32", (4, 4)), "b": ("tensor", "float32", (4,)), "c": ("object", "", None)}
+               for _ in range(n)]  # fmt: skip
+    layouts[4] = {"a": ("tensor", "bfloat16", (4, 4)), "b": ("tensor", "float32", (5,))}
+    found = {(f.i, f.entry, f.kind, f.detail) for f in find_anomalies(list(range(n)), sums, layouts)}
+    assert {(i, e, k) for i, e, k, _ in found} == {
+        (3, "model.head", "frozen"), (4, "a", "layout"), (4, "b", "layout"), (4, "c", "layout"),
+        (5, "a", "layout"), (5, "b", "layout"), (5, "c", "layout"),
+    }  # fmt: skip
+    details = {(i, e): d for i, e, _, d in found}
+    assert details[4, "a"] == "dtype float32 -> bfloat16" and details[4, "b"] == "shape [4] -> [5]"
+    assert details[4, "c"] == "removed (in the previous step)" and details[5, "c"] == "added (not in the previous step)"
