@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,9 @@ def save_titan_run(
             state[head][rest] = torch.full((4, 4), float(step))
         boxes = {f"model.{n}": split(tuple(t.shape), {0: _quarters(t.shape[0])}) for n, t in state["model"].items()
                  if t.dim() >= 2 and t.shape[0] >= 4}  # fmt: skip
-        dcp.save(state, checkpoint_id=str(root / f"step-{step}"), planner=_planner(boxes))
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.save(state, checkpoint_id=str(root / f"step-{step}"), planner=_planner(boxes))
     return root
 
 
@@ -199,7 +202,9 @@ def load_titan_step(folder: Path, model: Tiny, opt: torch.optim.Optimizer) -> di
     import torch.distributed.checkpoint as dcp
 
     state = titan_state(*copy.deepcopy((model, opt)), 0)
-    dcp.load(state, checkpoint_id=str(folder))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder))
     return _flatten(state)
 
 
