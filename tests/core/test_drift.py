@@ -238,3 +238,13 @@ def test_layout_and_frozen_rules_on_sums() -> None:
     details = {(i, e): d for i, e, _, d in found}
     assert details[4, "a"] == "dtype float32 -> bfloat16" and details[4, "b"] == "shape [4] -> [5]"
     assert details[4, "c"] == "removed (in the previous step)" and details[5, "c"] == "added (not in the previous step)"
+
+
+def test_a_tensors_first_step_is_a_dependency(training_runs: dict[str, Any]) -> None:
+    """model.extra first appears at step 9: a changed step 9 recomputes 9, 10, 11 (the steps after)
+    and 12 too (its cosine to the first is to step 9's model.extra)."""
+    run = detect_run(training_runs["faulty"])
+    assert drift(run).cached_steps == 0
+    data = next(p for p in sorted((training_runs["faulty"] / "step-9").iterdir()) if p.suffix == ".distcp")
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
+    assert drift(run).cached_steps == 8

@@ -86,6 +86,20 @@ def _chunk(ckpt: Checkpoint, entry: Entry, at: int | None) -> str | None:
     return f"element {index}"
 
 
+def _firsts(opened: list[dict[str, tuple[Checkpoint, Entry]]]) -> list[list[int]]:
+    """For each step, the steps its tensors' cosines to the first are taken against: for each tensor
+    the first step holding it in the shape it has here (step 0 for a run whose layout never changes)."""
+    first_of: dict[tuple[str, tuple[int, ...]], int] = {}
+    out: list[list[int]] = []
+    for i, es in enumerate(opened):
+        here = set()
+        for name, (_, e) in es.items():
+            if e.kind == "tensor":
+                here.add(first_of.setdefault((name, tuple(e.shape or ())), i))
+        out.append(sorted(here))
+    return out
+
+
 def _groups(series_sums: dict[str, list[StepSums | None]]) -> dict[str, dict[str, list[Any]]]:
     members: dict[str, list[list[StepSums | None]]] = {}
     for name, ss in series_sums.items():
@@ -117,9 +131,17 @@ def drift(
                 parts.append((prefix, ckpt))
             opened.append(_entries(parts))
         idents = [step_identity(s) for s in run.steps] if cache else [None] * n
+        firsts = _firsts(opened)
 
         def depends(i: int) -> list[str | None]:
-            return [idents[i], idents[i - 1] if i > 0 else "", idents[i - 2] if i > 1 else "", idents[0]]
+            """The identities of what step ``i``'s sums are computed from: itself, the two steps
+            before it, and every step that is the first of a tensor's shape (``cos_first``)."""
+            return [
+                idents[i],
+                idents[i - 1] if i > 0 else "",
+                idents[i - 2] if i > 1 else "",
+                *(idents[j] for j in firsts[i]),
+            ]
 
         cached: dict[int, tuple[dict[str, StepSums], dict[str, Any]]] = {}
         if cache:
