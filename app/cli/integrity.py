@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+from typing import Any
 
 from .commands import EXIT_ERROR, EXIT_OK, TerminalProgress
 
-__all__ = ["add_parsers", "run_check", "run_hash"]
+__all__ = ["add_diff_parser", "add_parsers", "run_check", "run_diff_digests", "run_hash"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,8 +26,29 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("hash", help="a content digest per entry, the same in every format: digest  dtype  shape  name")
     p.add_argument("path", help="any checkpoint: DCP directory, torch.save file(s), safetensors")
     p.add_argument("--json", action="store_true", help="the digests as JSON")
+    p.add_argument(
+        "--manifest", action="store_true", help="also write a manifest beside it, for check and diff-digests"
+    )
     p.add_argument("--trust-pickle", action="store_true", help="unpickle without restrictions (runs embedded code)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def add_diff_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "diff-digests",
+        help="which tensors differ between two checkpoints, from their manifests alone (no tensor data read)",
+    )
+    p.add_argument("a", help="checkpoint A (with a manifest: written by DCP Studio or `hash --manifest`)")
+    p.add_argument("b", help="checkpoint B, of any format")
+    p.add_argument("--json", action="store_true", help="the answer as JSON")
+
+
+def run_diff_digests(args: argparse.Namespace) -> int:
+    from dcpstudio.core.ops.integrity.manifests import diff_digests
+
+    d = diff_digests(args.a, args.b)
+    print(json.dumps(d.json(), indent=2) if args.json else "\n".join(d.lines()))
+    return EXIT_OK if d.equal else EXIT_ERROR
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -48,6 +72,10 @@ def run_hash(args: argparse.Namespace) -> int:
     try:
         with open_checkpoint(args.path, trust_pickle=args.trust_pickle) as ckpt:
             found = digests(ckpt, progress=bar)
+            if args.manifest:
+                from dcpstudio.core.ops.integrity.manifests import write_manifest
+
+                written = write_manifest(ckpt, _files_of(ckpt))
     finally:
         if bar is not None:
             bar.close()
@@ -55,4 +83,16 @@ def run_hash(args: argparse.Namespace) -> int:
         print(json.dumps({"algorithm": ALGORITHM, "entries": [d.json() for d in found]}, indent=2))
     else:
         print("\n".join(d.line() for d in found))
+    if args.manifest:
+        print(f"manifest: {written}", file=sys.stderr)
     return EXIT_OK
+
+
+def _files_of(ckpt: Any) -> list[Path]:
+    """The files a checkpoint consists of: a directory's regular files (its own manifest not), or the file."""
+    from dcpstudio.core.formats.manifest import MANIFEST_FILE
+
+    p = Path(ckpt.path)
+    if not p.is_dir():
+        return [p]
+    return sorted(f for f in p.iterdir() if f.is_file() and not f.is_symlink() and f.name != MANIFEST_FILE)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .commands import COMMANDS, EXIT_CANCELLED, EXIT_ERROR, EXIT_USAGE, TerminalProgress
 from .drift import run_drift
-from .integrity import run_check, run_hash
+from .integrity import run_check, run_diff_digests, run_hash
 from .parser import build_parser
 
 __all__ = ["TerminalProgress", "build_parser", "main"]
@@ -69,7 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
         _catch_termination()
-        return {**COMMANDS, "check": run_check, "hash": run_hash, "drift": run_drift}[args.command](args)
+        commands = {
+            **COMMANDS,
+            "check": run_check,
+            "hash": run_hash,
+            "diff-digests": run_diff_digests,
+            "drift": run_drift,
+        }
+        return commands[args.command](args)
     except CancelledError:
         print("dcpstudio: cancelled; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED

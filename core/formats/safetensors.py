@@ -281,8 +281,10 @@ class SafetensorsWriter:
     """Streams one safetensors file: the header (all names, dtypes, shapes and offsets) first,
     then each tensor's bytes in header order -- from memory or copied from another file."""
 
-    def __init__(self, f: Any, tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: dict[str, str]) -> None:
-        header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    def __init__(
+        self, f: Any, tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: dict[str, str], reserve: int = 0
+    ) -> None:
+        header: dict[str, Any] = {}
         offset = 0
         self._expected: list[tuple[str, int]] = []
         for name, dtype, shape in tensors:
@@ -299,11 +301,40 @@ class SafetensorsWriter:
             }
             self._expected.append((name, nbytes))
             offset += nbytes
-        raw = json.dumps(header, separators=(",", ":")).encode()
+        self._header, self._metadata = header, dict(metadata)
+        raw = self._raw() + b" " * reserve  # room for metadata known only at the end (set_metadata)
         raw += b" " * (-len(raw) % 8)  # the data buffer starts 8-byte aligned, as safetensors writes it
         self._f = f
         self._next = 0
+        self._start = f.tell()
+        self.header_size = len(raw)
         f.write(struct.pack("<Q", len(raw)) + raw)
+
+    def _raw(self) -> bytes:
+        header = {"__metadata__": self._metadata, **self._header} if self._metadata else self._header
+        return json.dumps(header, separators=(",", ":")).encode()
+
+    def set_metadata(self, key: str, value: str) -> None:
+        """Put ``key`` into ``__metadata__`` after the data is written, in the room reserved for it
+        (the header keeps its length: spaces pad it, as safetensors allows)."""
+        self._metadata[key] = value
+        raw = self._raw()
+        if len(raw) > self.header_size:
+            raise ValueError("safetensors writer: the metadata outgrew the room reserved for it")
+        end = self._f.tell()
+        self._f.seek(self._start + 8)
+        self._f.write(raw + b" " * (self.header_size - len(raw)))
+        self._f.seek(end)
+
+    def stream(self, name: str, nbytes: int, pieces: Any) -> None:
+        """Write a tensor's bytes as they come, piece by piece."""
+        self._take(name, nbytes)
+        written = 0
+        for piece in pieces:
+            written += memoryview(piece).nbytes
+            self._f.write(piece)
+        if written != nbytes:
+            raise ValueError(f"safetensors writer: {written} bytes of {name}, the header says {nbytes}")
 
     def _take(self, name: str, nbytes: int) -> None:
         want = self._expected[self._next]

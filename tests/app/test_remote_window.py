@@ -202,17 +202,31 @@ def test_convert_remote_to_local_from_the_panel(
 
     def save_path(title: str, suggestion: Path, filters: str) -> Path:
         suggested.append(suggestion)
-        return tmp_path / "from_remote.safetensors"
+        (tmp_path / "remote").mkdir()
+        return tmp_path / "remote" / "ckpt.safetensors"
 
     window.save_path = save_path  # type: ignore[method-assign]
     qtbot.mouseClick(window.panel.buttons["safetensors"], Qt.MouseButton.LeftButton)
     finish(qtbot, window, "convert")
     assert suggested == [tmp_path / "ckpt.safetensors"]  # a local folder, never beside the URL
-    convert(multirank_dcp, tmp_path / "from_local.safetensors", to="safetensors")
-    assert (tmp_path / "from_remote.safetensors").read_bytes() == (tmp_path / "from_local.safetensors").read_bytes()
+    (tmp_path / "local").mkdir()  # the same name: a file's manifest names it
+    convert(multirank_dcp, tmp_path / "local" / "ckpt.safetensors", to="safetensors")
+    assert (tmp_path / "remote" / "ckpt.safetensors").read_bytes() == (
+        tmp_path / "local" / "ckpt.safetensors"
+    ).read_bytes()
     qtbot.mouseClick(window.panel.verify_button, Qt.MouseButton.LeftButton)  # reads the remote source again
     finish(qtbot, window, "verify")
     assert window.panel.last_diff is not None and window.panel.last_diff.equal
+
+
+def _without_manifest(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    """A safetensors file's header without DCP Studio's manifest key, and its data section."""
+    import json
+
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    header.get("__metadata__", {}).pop("dcpstudio.manifest", None)
+    return header, raw[8 + size :]
 
 
 def test_convert_a_local_checkpoint_to_a_url_from_the_menu(
@@ -233,10 +247,10 @@ def test_convert_a_local_checkpoint_to_a_url_from_the_menu(
     assert asked and "safetensors" in asked[0][0]
     convert(multirank_dcp, tmp_path / "local.safetensors", to="safetensors")
     fs = fsspec.filesystem("memory")
-    assert (
-        fs.cat_file(f"{bucket.split('://', 1)[1]}/exported.safetensors")
-        == (tmp_path / "local.safetensors").read_bytes()
-    )
+    uploaded = fs.cat_file(f"{bucket.split('://', 1)[1]}/exported.safetensors")
+    # the same file but for the manifest, which a local output carries in its header (an upload cannot
+    # seek back to fill it in)
+    assert _without_manifest(uploaded) == _without_manifest((tmp_path / "local.safetensors").read_bytes())
     assert window.panel.last_result is not None  # the report and Verify work as for a local result
     qtbot.mouseClick(window.panel.verify_button, Qt.MouseButton.LeftButton)
     finish(qtbot, window, "verify")

@@ -27,6 +27,7 @@ def test_check_exit_codes_summary_and_json(dcp: Path, capsys: pytest.CaptureFixt
     with open_checkpoint(dcp) as ckpt:
         (c,) = ckpt.resolve_chunks("w")
     assert c.data_offset is not None and c.file is not None
+    (dcp / "dcpstudio-manifest.json").unlink(missing_ok=True)  # the structure alone (a manifest finds any flip)
     with open(dcp / c.file, "r+b") as f:
         f.seek(c.data_offset + 4)
         f.write(struct.pack("<f", float("inf")))
@@ -56,9 +57,23 @@ def test_hash_lines_and_json(dcp: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["hash", str(dcp), "-q"]) == 0
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(from_pt)
     digest, dtype, shape, name = next(line for line in from_pt if line.endswith("  w")).split("  ")
-    assert digest.startswith("blake2b-256:") and len(digest) == len("blake2b-256:") + 64
+    assert digest.startswith("sha256-tree:") and len(digest) == len("sha256-tree:") + 64
     assert (dtype, shape, name) == ("float32", "[6,10]", "w")
     assert any(line.endswith("  value  -  step") for line in from_pt)
     assert main(["hash", str(dcp), "-q", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["algorithm"] == "blake2b-256" and {e["name"] for e in out["entries"]} == {"w", "n", "step"}
+    assert out["algorithm"] == "sha256-tree" and {e["name"] for e in out["entries"]} == {"w", "n", "step"}
+
+
+def test_hash_manifest_then_diff_digests(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from dcpstudio.cli.main import main
+
+    torch.save({"w": torch.zeros(8), "v": torch.ones(3)}, tmp_path / "a.pt")
+    torch.save({"w": torch.zeros(8), "v": torch.full((3,), 2.0)}, tmp_path / "b.pt")
+    assert main(["hash", "-q", "--manifest", str(tmp_path / "a.pt")]) == 0
+    assert main(["hash", "-q", "--manifest", str(tmp_path / "b.pt")]) == 0
+    capsys.readouterr()
+    assert main(["diff-digests", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]) == 1
+    assert "changed: v" in capsys.readouterr().out

@@ -59,7 +59,7 @@ def test_a_dcp_written_into_the_folder_of_its_source_file(rich_pt: Path) -> None
     torch_save_to_dcp(rich_pt, folder)
     after = snapshot(folder)
     assert {k: v for k, v in after.items() if k in before} == before  # source and neighbours bit-identical
-    assert sorted(set(after) - set(before)) == [".metadata", "__0_0.distcp"]
+    assert sorted(set(after) - set(before)) == [".metadata", "__0_0.distcp", "dcpstudio-manifest.json"]
     assert_same(rich_state_dict(), load_dcp(folder))
     with pytest.raises(DestinationExistsError, match="already holds a DCP checkpoint"):
         torch_save_to_dcp(rich_pt, folder)

@@ -164,7 +164,7 @@ def test_overwrite_replaces_a_checkpoint_whole(
     keys = sorted(_snapshot(s3, bucket))
     assert not [k for k in keys if ".dcpstudio-tmp-" in k]
     if target == "dcp":  # the old checkpoint's second data file is gone with it
-        assert keys == [f"{bucket}/out/ckpt/.metadata", f"{bucket}/out/ckpt/__0_0.distcp"]
+        assert keys == [f"{bucket}/out/ckpt/{n}" for n in (".metadata", "__0_0.distcp", "dcpstudio-manifest.json")]
     else:
         assert keys == [f"{bucket}/out/{TARGETS[target][0]}"]
     _no_open_uploads(s3_client, bucket)

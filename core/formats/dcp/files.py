@@ -14,6 +14,7 @@ torch's own ``StorageReader``/``StorageWriter`` subclasses, for ``dcp.load``/``d
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import uuid
@@ -36,7 +37,10 @@ from ...pickles.unpicklers import (
     load_light_metadata,
     load_torch_pickle,
 )
-from ..torchsave.archive import CHUNK_MEMBERS, write_archive, write_tensor_archive
+from ..manifest import MANIFEST_FILE, HashingFile, Manifest, TensorTap, tapped
+from ..readback import ReadBack
+from ..torchsave.archive import CHUNK_MEMBERS
+from ..torchsave.writer import write_archive, write_tensor_archive
 from ..torchsave.zip import FileView, read_zip_records
 from .tiling import check_tiling
 
@@ -49,6 +53,7 @@ __all__ = [
     "read_light_metadata",
     "volume",
     "write_dcp",
+    "write_metadata",
 ]
 
 METADATA_FILE = ".metadata"
@@ -204,8 +209,14 @@ def split_files(
     return groups
 
 
-def _close_synced(f: Any) -> None:
+def _close_synced(f: Any, manifest: Manifest | None = None, back: Any = None) -> None:
     if f is not None:
+        if back is not None:
+            back.advance(back.files[-1], f)
+        elif isinstance(f, HashingFile):
+            assert manifest is not None
+            manifest.files[Path(f.name).name] = {"size": f.tell(), "sha256": f.sha256()}
+            f = f.raw
         sync_file(f)
         f.close()
 
@@ -243,6 +254,7 @@ def write_dcp(
     label: str,
     files: int | None = None,
     max_file_size: int | None = None,
+    manifest: Manifest | None = None,
 ) -> None:
     """Write ``items`` as a DCP checkpoint into the new directory ``directory``: values first,
     then tensors (as torch's writer orders them), each tensor's bytes from ``payload(tensor)`` --
@@ -251,7 +263,11 @@ def write_dcp(
 
     The items go to one data file, or are spread in order over ``files`` data files of about equal
     size, or over as many as needed to keep each under ``max_file_size`` (a tensor larger than that
-    gets a file of its own: chunks stay whole)."""
+    gets a file of its own: chunks stay whole).
+
+    With ``manifest``, each tensor's digest and moments and each file's SHA-256 are recorded in it
+    from the bytes as they are written, and it is written as ``dcpstudio-manifest.json`` before
+    ``.metadata`` (values are not in it: their digests need torch)."""
     directory.mkdir()
     values = [i for i in items if i.tensor is None]
     tensors = [i for i in items if i.tensor is not None]
@@ -267,12 +283,17 @@ def write_dcp(
         return payload(item.tensor)
 
     f: Any = None
+    back = ReadBack() if manifest is not None and isinstance(directory, Path) else None
     try:
         for item, data in prefetch(produce, order):
             file_name = file_of[id(item)]
             if f is None or f.name != str(directory / file_name):
-                _close_synced(f)
+                _close_synced(f, manifest, back)
                 f = create_file(directory / file_name)
+                if back is not None:
+                    back.file(directory / file_name)
+                elif manifest is not None:
+                    f = HashingFile(f)
             offset = f.tell()
             t = item.tensor
             if t is None or isinstance(data, bytes):
@@ -280,10 +301,19 @@ def write_dcp(
                 f.write(data)
                 index = _record("MetadataIndex", fqn=item.fqn, index=None)
             else:
-                if isinstance(data, FileRange):
-                    write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
+                if manifest is not None and back is None:
+                    tap = TensorTap(t.dtype.name, tuple(t.shape))
+                    crc = data.crc if isinstance(data, FileRange) else data[1]
+                    body = data if isinstance(data, FileRange) else data[0]
+                    write_tensor_archive(f, t.dtype, t.shape, tapped(body, tap, label), crc=crc)
+                    manifest.tensors[item.fqn] = tap.record()
+                elif isinstance(data, FileRange):
+                    at = write_tensor_archive(f, t.dtype, t.shape, data, label=f"{label} ({item.fqn})")
                 else:
-                    write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
+                    at = write_tensor_archive(f, t.dtype, t.shape, data[0], crc=data[1])
+                if back is not None and manifest is not None:
+                    back.tensor(back.files[-1], f, at, t.nbytes, t.dtype.name, tuple(t.shape), manifest.tensors,
+                                item.fqn)  # fmt: skip
                 index = _record("MetadataIndex", fqn=item.fqn, index=0, offset=Size((0,) * len(t.shape)))
             storage_data[index] = _record(
                 "_StorageInfo",
@@ -293,11 +323,16 @@ def write_dcp(
                 length=f.tell() - offset,
             )
             on_item(item)
-        _close_synced(f)
+        _close_synced(f, manifest, back)
         f = None
+        if back is not None and manifest is not None:
+            back.wait()  # the files were fsynced while their bytes were hashed
+            manifest.files.update(back.records())
     finally:
         if f is not None:
-            abandon(f)
+            abandon(f.raw if isinstance(f, HashingFile) else f)
+        if back is not None:
+            back.close()
     for item in items:
         t = item.tensor
         if t is None:
@@ -308,10 +343,25 @@ def write_dcp(
         state_dict_metadata[item.fqn] = _record(
             "TensorStorageMetadata", properties=props, size=Size(t.shape), chunks=[chunk]
         )
+    write_metadata(
+        directory, state_dict_metadata, {item.fqn: item.path for item in items}, storage_data, checkpoint_id, manifest
+    )
+
+
+def write_metadata(
+    directory: Path,
+    state_dict_metadata: dict[str, Any],
+    planner_data: dict[str, tuple[str | int, ...]],
+    storage_data: dict[Any, Any],
+    checkpoint_id: str,
+    manifest: Manifest | None = None,
+) -> None:
+    """Write the manifest (if any), then ``.metadata`` -- last: the checkpoint exists from then on --
+    and fsync the directory."""
     metadata = _record(
         "Metadata",
         state_dict_metadata=state_dict_metadata,
-        planner_data={item.fqn: item.path for item in items},
+        planner_data=planner_data,
         storage_data=storage_data,
         storage_meta=_record(
             "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), load_id=None, modules=[]
@@ -320,6 +370,14 @@ def write_dcp(
     )
     buf = io.BytesIO()
     TorchPickler(buf, protocol=4).dump(metadata)
+    if manifest is not None:
+        manifest.files[METADATA_FILE] = {
+            "size": len(buf.getbuffer()),
+            "sha256": hashlib.sha256(buf.getbuffer()).hexdigest(),
+        }
+        with create_file(directory / MANIFEST_FILE) as f:
+            f.write(manifest.dumps().encode())
+            sync_file(f)
     with create_file(directory / METADATA_FILE) as f:  # last: the checkpoint exists from now on
         f.write(buf.getbuffer())
         sync_file(f)

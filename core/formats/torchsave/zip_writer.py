@@ -33,6 +33,7 @@ class ZipWriter:
         self._archive = archive
         self._alignment = alignment
         self._entries: list[tuple[bytes, int, int, int, int]] = []
+        self.data_at: dict[str, int] = {}  # where each record's bytes start in the file
 
     def _pos(self) -> int:
         return self._f.tell() - self._base
@@ -43,20 +44,26 @@ class ZipWriter:
         self._header(name, mv.nbytes, crc32(mv) if crc is None else crc)
         self._f.write(mv)
 
-    def write_stream(self, name: str, size: int, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+    def write_stream(
+        self, name: str, size: int, pieces: Iterable[bytes | bytearray | memoryview], known_crc: int | None = None
+    ) -> None:
         """Append a record of ``size`` bytes from ``pieces`` as they come (memory holds one piece):
-        the header goes first with the CRC left blank, filled in once the bytes have passed."""
+        the header goes first with the CRC left blank, filled in once the bytes have passed -- or,
+        with ``known_crc``, written in it at once, so the file is written strictly in order."""
         start = self._f.tell()
-        self._header(name, size, 0)
+        self._header(name, size, 0 if known_crc is None else known_crc)
         crc = written = 0
         for piece in pieces:
             mv = memoryview(piece).cast("B")
-            crc = crc32(mv, crc)
+            if known_crc is None:
+                crc = crc32(mv, crc)
             written += mv.nbytes
             self._f.write(mv)
             del piece, mv  # the producer may free it before making the next
         if written != size:
             raise ValueError(f"record {name}: {written} bytes were written, the header says {size}")
+        if known_crc is not None:
+            return
         end = self._f.tell()
         self._f.seek(start + _CRC_AT)
         self._f.write(struct.pack("<I", crc))
@@ -98,6 +105,7 @@ class ZipWriter:
             + full
             + extra
         )
+        self.data_at[name] = self._f.tell()
         self._entries.append((full, crc, size, offset, flags))
 
     def close(self) -> None:

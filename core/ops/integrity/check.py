@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...checkpoints.dcp.checkpoint import DCPCheckpoint
@@ -227,6 +228,26 @@ def check_path(
     format is detected once; an unknown format is refused as every command refuses it)."""
     p = as_location(path)
     fmt = detect_format(p)
+    report = _check_path(p, fmt, values=values, trust_pickle=trust_pickle, progress=progress, cancel=cancel)
+    if isinstance(p, Path):
+        from .manifests import manifest_findings, read_manifest
+
+        try:
+            manifest = read_manifest(p)
+        except DCPStudioError as e:
+            report.findings.append(Finding("", "", _what(e)))
+        else:
+            if manifest is not None:
+                named = {f.file for f in report.findings}
+                report.findings.extend(
+                    Finding(f, "", what) for f, what in manifest_findings(p, manifest) if f not in named
+                )
+    return report
+
+
+def _check_path(
+    p: Any, fmt: Any, *, values: bool, trust_pickle: bool, progress: ProgressCallback | None, cancel: CancelToken | None
+) -> CheckReport:
     if fmt == "safetensors":
         report = CheckReport(str(p), fmt)
         _safetensors_shards(p, report)

@@ -1,26 +1,29 @@
 """Content digests that do not depend on the format: the same tensor, the same digest, in a DCP
 (any ranks, any chunks), a torch.save file (any view, stride or storage offset) and safetensors.
 
-A tensor's digest is BLAKE2b-256 over its canonical bytes: a header ``tensor\\0DTYPE\\0SHAPE\\0``
-(``float32``, ``4,3``) and then its elements in row-major order, little-endian, contiguous -- what
-``t.contiguous()`` holds on a little-endian machine, whatever the file kept. They are read block by
-block in row-major order (:func:`~...io.blocks.blocks`), so a DCP tensor's bytes are assembled from
-its chunks in order, and memory stays bounded; hashlib releases the GIL on large buffers, so a block
-is hashed on a thread while the next one is read. A non-tensor value's digest is over a canonical,
+A tensor's digest is :mod:`...formats.digest`'s ``sha256-tree`` over its canonical bytes: a header
+``tensor\\0DTYPE\\0SHAPE\\0`` (``float32``, ``4,3``) and the SHA-256 of each 16 MiB piece of its
+elements in row-major order, little-endian, contiguous -- what ``t.contiguous()`` holds on a
+little-endian machine, whatever the file kept. They are read block by block in row-major order
+(:func:`~...io.blocks.blocks`), so a DCP tensor's bytes are assembled from its chunks in order, and
+memory stays bounded; the pieces are hashed on two threads (hashlib releases the GIL) while the
+next block is read. A non-tensor value's digest is over a canonical,
 type-tagged encoding of it (:func:`value_digest`), tensors inside it by their canonical bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import math
 import struct
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...checkpoints.base import Checkpoint
 from ...checkpoints.model import dtype_name, refuse_expanded
+from ...formats.digest import ALGORITHM, TreeHasher, canonical_header
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
 from ...io.buffers import BufferPool
 from ...pickles.tensor_io import to_bytes
@@ -31,19 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ALGORITHM", "Digest", "digests", "tensor_digest", "value_digest"]
 
-ALGORITHM = "blake2b-256"
-
-
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=32)
-
-
-def _named(h: Any) -> str:
-    return f"{ALGORITHM}:{h.hexdigest()}"
-
-
-def _header(dtype: str, shape: tuple[int, ...] | list[int]) -> bytes:
-    return f"tensor\0{dtype}\0{','.join(map(str, shape))}\0".encode()
+_header = canonical_header  # one definition: manifests use it too
+_INLINE = 4 << 20  # smaller tensors are hashed on the reading thread: a hand-off costs more
 
 
 @dataclass(frozen=True)
@@ -77,39 +69,48 @@ def _little(t: torch.Tensor) -> memoryview:
 
 
 def tensor_digest(
-    ckpt: Checkpoint, fqn: str, *, budget: int = BLOCK_BUDGET, reporter: Reporter | None = None
+    ckpt: Checkpoint,
+    fqn: str,
+    *,
+    budget: int = BLOCK_BUDGET,
+    reporter: Reporter | None = None,
+    pool: ThreadPoolExecutor | None = None,
 ) -> Digest:
-    """The digest of tensor ``fqn``, read in row-major blocks of at most ``budget`` bytes; each
-    block is hashed on a helper thread while the next is read, and its buffer goes back to the
-    pool only once it is hashed (at most three blocks exist at a time)."""
+    """The digest of tensor ``fqn``, read in row-major blocks of at most ``budget`` bytes; its
+    16 MiB pieces are hashed on ``pool``'s threads (two of its own if none is given) while the next
+    block is read, and a block's buffer goes back to the pool of buffers only once its pieces are
+    hashed (at most four blocks exist at a time)."""
     entry = ckpt.tensor_entry(fqn)
     refuse_expanded(entry, str(ckpt.path), "hash")
     assert entry.dtype is not None
     dtype, shape = dtype_name(entry.dtype) or "", tuple(entry.shape or ())
-    h = _hasher()
-    h.update(_header(dtype, shape))
     reporter = reporter or Reporter(None, None)
-    buffers = BufferPool(keep=3)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-hash") as pool:
-        pending: tuple[Future[None], Any] | None = None
+    nbytes = math.prod(shape) * entry.dtype.itemsize
+    buffers = BufferPool(keep=4)
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash"))
+        h = TreeHasher(_header(dtype, shape), pool if nbytes > _INLINE else None, nbytes)
+        inflight: deque[tuple[list[Future[bytes]], Any]] = deque()
         try:
             for offsets, sizes in blocks(shape, entry.dtype.itemsize, budget):
                 reporter.check()
                 with buffers.active():
                     block = ckpt.read_tensor(fqn, box_slices(offsets, sizes))
                 reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
-                data = _little(block)
-                if pending is not None:
-                    pending[0].result()
-                    buffers.give(pending[1])
-                pending = (pool.submit(h.update, data), block)
-                del block, data
-            if pending is not None:
-                pending[0].result()
+                inflight.append((h.update(_little(block)), block))
+                del block
+                while len(inflight) > 2:  # the block read next overlaps the hashing of the two before
+                    futures, done = inflight.popleft()
+                    for fut in futures:
+                        fut.result()
+                    buffers.give(done)
+            digest = h.digest()
         finally:
-            if pending is not None:
-                pending[0].cancel()
-    return Digest(fqn, "tensor", _named(h), dtype, shape)
+            for futures, _ in inflight:
+                for fut in futures:
+                    fut.cancel()
+    return Digest(fqn, "tensor", digest, dtype, shape)
 
 
 def _encode(value: Any, h: Any, depth: int = 0) -> None:
@@ -141,9 +142,9 @@ def _encode(value: Any, h: Any, depth: int = 0) -> None:
     elif isinstance(value, dict):
         items = []
         for k, v in value.items():
-            kh = _hasher()
+            kh = TreeHasher(b"key\0")
             _encode(k, kh, depth + 1)
-            items.append((kh.digest(), v))
+            items.append((kh.digest().encode(), v))
         h.update(b"d%d\0" % len(items))
         for key, v in sorted(items, key=lambda kv: kv[0]):
             h.update(key)
@@ -155,10 +156,9 @@ def _encode(value: Any, h: Any, depth: int = 0) -> None:
 
 def value_digest(value: Any) -> str:
     """The digest of a non-tensor value (its tensors materialised) over :func:`_encode`'s bytes."""
-    h = _hasher()
-    h.update(b"value\0")
+    h = TreeHasher(b"value\0")
     _encode(value, h)
-    return _named(h)
+    return h.digest()
 
 
 def digests(
@@ -171,11 +171,12 @@ def digests(
     """Every entry's digest, in the checkpoint's order."""
     reporter = Reporter(progress, cancel, total_bytes=ckpt.tensor_bytes, total_items=len(ckpt.entries))
     out = []
-    for fqn, entry in ckpt.entries.items():
-        reporter.check()
-        if entry.kind == "tensor":
-            out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter))
-        else:
-            out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
-        reporter.advance(0, current=fqn)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:
+        for fqn, entry in ckpt.entries.items():
+            reporter.check()
+            if entry.kind == "tensor":
+                out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter, pool=pool))
+            else:
+                out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
+            reporter.advance(0, current=fqn)
     return out
