@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .drift import add_parser as add_drift
 from .integrity import add_diff_parser
 from .integrity import add_parsers as add_integrity
 
@@ -244,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_integrity(sub)
     add_diff_parser(sub)
+    add_drift(sub)
 
     p = sub.add_parser(
         "open",
