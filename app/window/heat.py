@@ -8,6 +8,7 @@ step's smallest change (pale yellow) to its largest (red). An unchanged entry (0
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -22,10 +23,11 @@ _ALPHA = 150
 
 
 def _blend(t: float) -> QColor:
-    for (t0, c0), (t1, c1) in zip(_STOPS, _STOPS[1:], strict=False):
+    for (t0, c0), (t1, c1) in itertools.pairwise(_STOPS):
         if t <= t1:
             f = 0.0 if t1 == t0 else (t - t0) / (t1 - t0)
-            return QColor(*(round(a + (b - a) * f) for a, b in zip(c0, c1, strict=True)), _ALPHA)
+            r, g, b = (round(x + (y - x) * f) for x, y in zip(c0, c1, strict=True))
+            return QColor(r, g, b, _ALPHA)
     return QColor(*_STOPS[-1][1], _ALPHA)
 
 

@@ -53,7 +53,7 @@ from .workers import Job
 
 __all__ = ["MainWindow"]
 
-_CANCELLABLE = ("convert", "verify", "load", "check", "compare", "drift")
+_CANCELLABLE: tuple[str, ...] = ("convert", "verify", "load", "check", "compare", "drift")
 _CANCELLABLE += ("explore-summary", "explore-export", "explore-copy")
 
 

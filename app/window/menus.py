@@ -87,6 +87,7 @@ def build_menus(w: Any) -> dict[str, QAction]:
     view = bar.addMenu("&View")
     for n, (name, title) in enumerate((("details", "&Details"), ("values", "&Values"), ("compare_tab", "C&ompare")), 1):
         add(view, f"tab_{name}", title, lambda i=n - 1: w.show_view(i), f"Alt+{n}")
+    add(view, "tab_run", "&Run", w.runs.show_view, "Alt+4", "The run open: its steps, plots and anomalies")
     add(view, "explore", "&Explore Values", w.explore_selected, "Ctrl+E", "Page through the selected tensor")
     add(
         view,

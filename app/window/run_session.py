@@ -89,6 +89,14 @@ class RunSession:
         self.w.setWindowTitle(f"DCP Studio — run {printable(Path(str(run.location)).name)}")
         self.analyse()
 
+    def show_view(self) -> None:
+        """View › Run: the Run view, when a run was opened."""
+        if self.view is None:
+            self.w.notifier.info("No run is open: File › Open as Run… opens a folder of checkpoints by step.")
+            return
+        self.w.views.setCurrentWidget(self.view)
+        self.view.steps.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
     def analyse(self) -> Any:
         run, view = self.run, self.view
         view.set_busy(True)
@@ -102,7 +110,8 @@ class RunSession:
             if self.run is run:
                 view.say(text, state)
 
-        job = self.w.board.start("drift", work, lambda r: self._analysed(run, r), lambda: self._idle(run), self._progress)
+        board = self.w.board
+        job = board.start("drift", work, lambda r: self._analysed(run, r), lambda: self._idle(run), self._progress)
         job.errored.connect(lambda e: ended(f"Not analysed: {describe(e)}", "error"))
         job.cancelled.connect(lambda: ended("Cancelled: nothing was computed.", ""))
         return job

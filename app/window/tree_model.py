@@ -96,7 +96,7 @@ class CheckpointTreeModel(QAbstractItemModel):
                 if here is not None and (here >= value or math.isnan(here)):
                     break  # the groups above already hold as much
                 self.shades[id(node)] = value
-                node = self.tree.parent.get(id(node))  # type: ignore[assignment]
+                node = self.tree.parent.get(id(node))
         for node in [*old, *(self.tree.nodes[i] for i in self.shades)]:
             self._repaint(node)
         return self.scale

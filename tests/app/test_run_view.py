@@ -85,8 +85,9 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert window.select(name)
 
     # hover: the nearest step's value; a click on the point at step 30 compares steps 20 and 30
+    qtbot.wait(50)  # the plot takes its new range when it is next laid out
     point = view.plot.scene_point(2)
-    assert point is not None
+    assert point is not None and view.plot.widget.viewport().rect().contains(point.toPoint()), point
     QTest.mouseMove(view.plot.widget.viewport(), point.toPoint())
     qtbot.waitUntil(lambda: "step 30" in view.plot.hover_text(), timeout=5_000)
     assert f"{want[2]:.4g}" in view.plot.hover_text()

@@ -187,7 +187,7 @@ class RunView(QWidget):
         self.metric_box.blockSignals(True)
         self.metric_box.clear()
         for m in ordered:
-            self.metric_box.addItem(METRIC_TEXT.get(m, m), m)
+            self.metric_box.addItem(METRIC_TEXT.get(m) or m, m)
         self.metric_box.blockSignals(False)
         n = len(report.anomalies)
         self.say(
@@ -230,7 +230,7 @@ class RunView(QWidget):
             self.progress.setValue(0)
 
     # -- the step and the entry shown ---------------------------------------------------------------
-    def metric(self) -> str:
+    def current_metric(self) -> str:
         return str(self.metric_box.currentData() or "rel_change")
 
     def series_of(self, name: str) -> dict[str, list[Any]] | None:
@@ -247,7 +247,7 @@ class RunView(QWidget):
 
     def replot(self) -> bool:
         series = self.series_of(self.name) if self.name is not None else None
-        metric = self.metric()
+        metric = self.current_metric()
         if series is None or metric not in series:
             self.plot.clear()
             if self.report is not None:
@@ -258,7 +258,8 @@ class RunView(QWidget):
                 )
             return False
         report = self.report
-        ringed = [report.steps.index(a.step) for a in report.anomalies if a.entry == self.name and a.step in report.steps]
+        steps = report.steps
+        ringed = [steps.index(a.step) for a in report.anomalies if a.entry == self.name and a.step in steps]
         self.plot.show_series(
             report.steps, series[metric], METRIC_TEXT.get(metric, metric), title=self.name or "", anomalies=ringed,
             log=self.log_box.isChecked(),

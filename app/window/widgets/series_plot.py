@@ -68,7 +68,8 @@ class SeriesPlot(QWidget):
         self.rings = pg.PlotDataItem(
             [], [], pen=None, symbol="o", symbolSize=16, symbolBrush=None, symbolPen=pg.mkPen(_ANOMALY, width=2)
         )
-        self.marker = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(_MARK, width=1.5, style=Qt.PenStyle.DashLine))
+        dashed = pg.mkPen(_MARK, width=1.5, style=Qt.PenStyle.DashLine)
+        self.marker = pg.InfiniteLine(angle=90, movable=False, pen=dashed)
         self.hover = pg.TextItem(color="#111827", fill=pg.mkBrush(255, 255, 255, 230), border=pg.mkPen("#9ca3af"))
         self.hover.setZValue(10)
         self.hover.hide()
