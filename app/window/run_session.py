@@ -189,7 +189,12 @@ class RunSession:
             fqn = self.checkpoint_name(name)
             if fqn is not None and "rel_change" in series:
                 changes[fqn] = series["rel_change"][i]
-        scale = model.shade(changes, f"relative change at step {step}:")
+        groups: dict[str, float | None] = {}
+        for name, series in self.report.groups.items():
+            fqn = self.checkpoint_name(name)
+            if fqn and "rel_change" in series:
+                groups[fqn] = series["rel_change"][i]
+        scale = model.shade(changes, f"relative change at step {step}:", groups)
         self.view.legend.setText(
             f"Tree: relative change at step {step} — {scale.legend()}" if scale is not None and i > 0
             else f"Tree: step {step}, the first: nothing to compare it with"

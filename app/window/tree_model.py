@@ -80,23 +80,33 @@ class CheckpointTreeModel(QAbstractItemModel):
         for node in [*old, *(self.tree.nodes[i] for i in self.marks)]:
             self._repaint(node)
 
-    def shade(self, changes: dict[str, float | None], label: str) -> Scale | None:
+    def shade(
+        self, changes: dict[str, float | None], label: str, groups: dict[str, float | None] | None = None
+    ) -> Scale | None:
         """Shade the names of the entries in ``changes`` (fqn -> change; None and names the tree
-        lacks are left plain) and of the groups above them, replacing earlier shading; ``label``
-        says what the number is in their tooltips ("relative change at step 300"). The scale used
-        is returned (None: nothing to shade)."""
+        lacks are left plain) and of the groups: by ``groups`` (a group's path -> its change: its
+        module's, all its tensors together), else by the largest change below. Earlier shading is
+        replaced; ``label`` says in the tooltips what the number is ("relative change at step 300:").
+        Returns the scale used (None: nothing to shade)."""
         old = [self.tree.nodes[i] for i in self.shades]
         self.shades, self.shade_label = {}, label
         wanted = {k: v for k, v in changes.items() if v is not None}
-        self.scale = heat_scale(wanted) or (Scale(1.0, 1.0) if wanted else None)
+        given = {k: v for k, v in (groups or {}).items() if v is not None}
         for node in self.tree.entries:
             value = wanted.get(node.entry.fqn) if node.entry is not None else None
-            while value is not None and node is not None and node is not self._root:
-                here = self.shades.get(id(node))
+            walk: Node | None = node
+            while value is not None and walk is not None and walk is not self._root:
+                here = self.shades.get(id(walk))
                 if here is not None and (here >= value or math.isnan(here)):
                     break  # the groups above already hold as much
-                self.shades[id(node)] = value
-                node = self.tree.parent.get(id(node))
+                self.shades[id(walk)] = value
+                walk = self.tree.parent.get(id(walk))
+        if given:
+            for node in self.tree.nodes.values():
+                if node.children and node.path in given:
+                    self.shades[id(node)] = given[node.path]
+        shown = {str(k): self.shades[k] for k in self.shades}
+        self.scale = heat_scale(shown) or (Scale(1.0, 1.0) if shown else None)
         for node in [*old, *(self.tree.nodes[i] for i in self.shades)]:
             self._repaint(node)
         return self.scale

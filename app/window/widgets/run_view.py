@@ -100,6 +100,7 @@ class RunView(QWidget):
         self.again_button = QPushButton("Analyse Again")
         self.again_button.setToolTip("Read the run's folder again (new steps) and recompute")
         self.steps = _table(("Step", "Checkpoint", "Anomalies"))
+        self.steps.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # as wide as it needs
         self.steps.currentCellChanged.connect(lambda row, *_: self._step_row(row))
         self.metric_box = QComboBox()
         self.metric_box.setToolTip("What the plot shows of the entry selected in the tree")
@@ -120,6 +121,7 @@ class RunView(QWidget):
         self.lists.addTab(self.values, "Values by Step")
 
         top = QHBoxLayout()
+        top.addWidget(self.status, 1)
         top.addWidget(self.progress, 1)
         top.addWidget(self.cancel_button)
         top.addWidget(self.again_button)
@@ -149,7 +151,6 @@ class RunView(QWidget):
         lay = QVBoxLayout(self)
         lay.addWidget(self.title)
         lay.addLayout(top)
-        lay.addWidget(self.status)
         lay.addWidget(self.legend)
         lay.addWidget(split, 1)
         self.set_busy(False)
@@ -203,6 +204,9 @@ class RunView(QWidget):
             self.steps.setItem(row, 1, _item(name))
             self.steps.setItem(row, 2, _item(str(counts[step]) if counts.get(step) else ""))
         self.steps.blockSignals(False)
+        self.steps.resizeColumnsToContents()
+        frame = 2 * self.steps.frameWidth() + self.steps.verticalScrollBar().sizeHint().width()
+        self.steps.setMinimumWidth(min(self.steps.horizontalHeader().length() + frame, 320))  # never cut
 
     def _fill_values(self, report: Any) -> None:
         """One row per non-tensor value, one column per step."""
@@ -223,7 +227,7 @@ class RunView(QWidget):
         self.status.style().polish(self.status)
 
     def set_busy(self, busy: bool) -> None:
-        self.cancel_button.setEnabled(busy)
+        self.cancel_button.setVisible(busy)
         self.again_button.setEnabled(not busy)
         self.progress.setVisible(busy)
         if busy:
