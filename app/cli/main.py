@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .commands import COMMANDS, EXIT_CANCELLED, EXIT_ERROR, EXIT_USAGE, TerminalProgress
+from .drift import run_drift
 from .integrity import run_check, run_hash
 from .parser import build_parser
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run([args.path] if args.command == "open" else [], demo=args.demo, quit_after=args.quit_after)
         _catch_termination()
-        return {**COMMANDS, "check": run_check, "hash": run_hash}[args.command](args)
+        return {**COMMANDS, "check": run_check, "hash": run_hash, "drift": run_drift}[args.command](args)
     except CancelledError:
         print("dcpstudio: cancelled; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED

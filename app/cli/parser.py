@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .drift import add_parser as add_drift
 from .integrity import add_parsers as add_integrity
 
 
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     add_integrity(sub)
+    add_drift(sub)
 
     p = sub.add_parser(
         "open",

@@ -1,0 +1,222 @@
+"""The float64 sums one tensor contributes at one step, accumulated block by block.
+
+A block of step k is compared with the same block of the previous step, of the step before that and
+of the run's first step, all already converted to float64 (the reader keeps just those). Every sum is
+float64 over sub-blocks of :data:`SUB` elements, which stay in cache: ``np.dot`` on them is one BLAS
+call below the size where OpenBLAS starts threads, so no thread spins on a shared machine. Values
+that are not finite are counted (NaN, Inf, the first one's index) and left out of the sums, so one
+NaN does not hide how the rest moved; the NaN check costs nothing when ``‖x‖²`` of a sub-block is
+finite (a NaN or Inf anywhere makes it so).
+
+A fixed sample of :data:`SAMPLE` elements (every ``numel // SAMPLE``-th, the same positions at every
+step) is kept per tensor and step: distances between any two steps are estimated from it, which is
+what finding a tensor that went back to an earlier step's values needs (see :mod:`.anomalies`).
+Adam's ``exp_avg_sq`` (never negative) gets a histogram of its values, 16 bins per power of two,
+so its percentiles are known within 3.2 % in bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SAMPLE", "SUB", "Other", "StepSums", "accumulate", "as_float64", "new_histogram", "percentiles",
+           "wants_histogram"]  # fmt: skip
+
+SUB = 1 << 15
+SAMPLE = 256
+_OCTAVE = 16  # histogram bins per power of two
+_EXP_LO, _EXP_HI = -1100, 1030  # float64 exponents (frexp), subnormals included
+_BINS = (_EXP_HI - _EXP_LO) * _OCTAVE
+
+
+def wants_histogram(name: str) -> bool:
+    """Optimizer second moments: their spread (percentiles) is what tells a dying or exploding
+    layer, and they are never negative, so a log histogram holds them."""
+    return name.endswith("exp_avg_sq")
+
+
+@dataclass
+class StepSums:
+    """One tensor at one step. ``*_prev`` compare with the previous step of the run, ``*_back2`` with
+    the one before it, ``dot_first`` with the run's first step (None when that step does not hold the
+    tensor in the same shape). Indices are flat, row-major, into the tensor's elements."""
+
+    count: int = 0
+    norm2: float = 0.0
+    nan: int = 0
+    inf: int = 0
+    first_bad: int | None = None
+    dot_prev: float | None = None
+    diff2_prev: float | None = None
+    max_prev: float | None = None
+    max_prev_at: int | None = None
+    diff2_back2: float | None = None
+    max_back2: float | None = None
+    dot_first: float | None = None
+    first: int | None = None  # the index of the step dot_first is with
+    vmax: float = -math.inf
+    sample: list[float] = field(default_factory=list)
+    hist: Any = None  # numpy int64 counts over log2 bins, plus zeros in the last slot
+
+    def start(self, prev: bool, back2: bool, first: bool) -> None:
+        if prev:
+            self.dot_prev, self.diff2_prev, self.max_prev = 0.0, 0.0, 0.0
+        if back2:
+            self.diff2_back2, self.max_back2 = 0.0, 0.0
+        if first:
+            self.dot_first = 0.0
+
+    def json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "hist"}
+        out["hist"] = None if self.hist is None else _sparse(self.hist)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepSums:
+        hist = data.pop("hist", None)
+        out = cls(**data)
+        if hist is not None:
+            out.hist = np.zeros(_BINS + 1, dtype=np.int64)
+            out.hist[np.asarray(hist[0], dtype=np.int64)] = hist[1]
+        return out
+
+
+def _sparse(hist: Any) -> list[list[int]]:
+    where = np.nonzero(hist)[0]
+    return [where.tolist(), hist[where].tolist()]
+
+
+def as_float64(t: torch.Tensor) -> np.ndarray:
+    """A block's values as a flat float64 array: through numpy without torch arithmetic for the
+    plain dtypes (bfloat16 as its bits shifted into a float32), through torch for the rest
+    (float8, complex as real pairs)."""
+    import torch
+
+    from ...pickles.tensor_io import numeric
+
+    flat = t.reshape(-1)
+    if flat.dtype == torch.bfloat16:
+        bits = flat.view(torch.int16).numpy().view(np.uint16)
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if flat.dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8,
+                      torch.int16, torch.int32, torch.int64):  # fmt: skip
+        return flat.numpy().astype(np.float64)
+    if flat.dtype.is_complex:
+        return torch.view_as_real(flat).reshape(-1).to(torch.float64).numpy()
+    return numeric(flat).reshape(-1).to(torch.float64).numpy()
+
+
+def _note_bad(acc: StepSums, x: np.ndarray, start: int) -> np.ndarray:
+    """Counts ``x``'s NaN and Inf into ``acc``; returns the mask of its finite values."""
+    finite = np.isfinite(x)
+    bad = np.flatnonzero(~finite)
+    nans = int(np.count_nonzero(np.isnan(x[bad])))
+    acc.nan += nans
+    acc.inf += len(bad) - nans
+    if acc.first_bad is None:
+        acc.first_bad = start + int(bad[0])
+    return finite
+
+
+def _max_abs(d: np.ndarray) -> tuple[float, int]:
+    hi, lo = int(np.argmax(d)), int(np.argmin(d))
+    return (float(d[hi]), hi) if d[hi] >= -d[lo] else (float(-d[lo]), lo)
+
+
+Other = tuple[np.ndarray, bool]  # an earlier step's block (flat float64) and whether it holds NaN or Inf
+
+
+def accumulate(
+    acc: StepSums,
+    x: np.ndarray,
+    start: int,
+    numel: int,
+    prev: Other | None,
+    back2: Other | None,
+    first: Other | None,
+) -> bool:
+    """Adds block ``x`` (flat float64, elements ``start..start+len(x)`` of a tensor of ``numel``)
+    to ``acc``, comparing it with the same block of the previous step, of the one before, and of
+    the first step (each None when not compared). Returns whether ``x`` holds a NaN or an Inf.
+    Differences and products take the elements finite in both blocks."""
+    acc.count += len(x)
+    bad_before = acc.nan + acc.inf
+    scratch = np.empty(min(SUB, len(x)), dtype=np.float64)
+    for s in range(0, len(x), SUB):
+        xs = x[s : s + SUB]
+        d = scratch[: len(xs)]
+        xx = float(np.dot(xs, xs))
+        keep: np.ndarray | None = None
+        if not math.isfinite(xx):
+            keep = _note_bad(acc, xs, start + s)
+            xs = np.where(keep, xs, 0.0)
+            xx = float(np.dot(xs, xs))
+        acc.norm2 += xx
+        if keep is None or keep.any():
+            acc.vmax = max(acc.vmax, float(xs.max() if keep is None else xs[keep].max()))
+        for which, other in (("prev", prev), ("back2", back2), ("first", first)):
+            if other is None:
+                continue
+            ps, xo = other[0][s : s + SUB], xs
+            if keep is not None or other[1]:
+                both = np.isfinite(ps) if keep is None else np.isfinite(ps) & keep
+                ps, xo = np.where(both, ps, 0.0), np.where(both, xs, 0.0)
+            if which == "first":
+                acc.dot_first = (acc.dot_first or 0.0) + float(np.dot(xo, ps))
+                continue
+            np.subtract(xo, ps, out=d)
+            dd = float(np.dot(d, d))
+            m, at = _max_abs(d)
+            if which == "prev":
+                acc.dot_prev = (acc.dot_prev or 0.0) + float(np.dot(xo, ps))
+                acc.diff2_prev = (acc.diff2_prev or 0.0) + dd
+                if acc.max_prev is None or m > acc.max_prev or acc.max_prev_at is None:
+                    acc.max_prev, acc.max_prev_at = m, start + s + at
+            else:
+                acc.diff2_back2 = (acc.diff2_back2 or 0.0) + dd
+                acc.max_back2 = max(acc.max_back2 or 0.0, m)
+        if acc.hist is not None:
+            _histogram(acc, xs if keep is None else xs[keep])
+    step = max(1, numel // SAMPLE)
+    lo = -(-start // step) * step
+    hi = min(start + len(x), step * SAMPLE)
+    if lo < hi:
+        acc.sample.extend(x[lo - start : hi - start : step].tolist())
+    return acc.nan + acc.inf > bad_before
+
+
+def _histogram(acc: StepSums, xs: np.ndarray) -> None:
+    mant, exp = np.frexp(np.abs(xs))
+    zero = mant == 0
+    bins = (np.clip(exp, _EXP_LO, _EXP_HI - 1) - _EXP_LO) * _OCTAVE + ((mant * 2 - 1) * _OCTAVE).astype(np.int64)
+    bins[zero] = _BINS
+    acc.hist += np.bincount(bins, minlength=_BINS + 1)
+
+
+def new_histogram() -> np.ndarray:
+    return np.zeros(_BINS + 1, dtype=np.int64)
+
+
+def percentiles(hist: Any, qs: tuple[float, ...]) -> list[float | None]:
+    """Values at quantiles ``qs`` (0..1) of the magnitudes a histogram counted: the middle of the
+    bin the quantile falls in (within 3.2 % of the value), zeros as zeros."""
+    total = int(hist.sum())
+    if total == 0:
+        return [None for _ in qs]
+    cum = np.cumsum(np.concatenate((hist[_BINS:], hist[:_BINS])))  # zeros first: the smallest values
+    out: list[float | None] = []
+    for q in qs:
+        k = int(np.searchsorted(cum, max(1, math.ceil(q * total)), side="left"))
+        if k == 0:
+            out.append(0.0)
+            continue
+        exp, sub = divmod(k - 1, _OCTAVE)
+        out.append(math.ldexp((1 + (sub + 0.5) / _OCTAVE) / 2, exp + _EXP_LO))
+    return out

@@ -1,0 +1,169 @@
+"""Real training runs on the CPU, for the drift tests (and the window's Run view): a tiny
+transformer-shaped model trained for a dozen steps with AdamW, a checkpoint after every step --
+torchtitan-style ``step-N`` DCP folders (``dcp.save`` of ``{"model", "optimizer", "train_state"}``,
+the optimizer state keyed by parameter names as torchtitan's ``get_state_dict`` gives it) or Hugging
+Face Trainer-style ``checkpoint-N`` folders (``model.safetensors`` + ``optimizer.pt`` +
+``trainer_state.json``).
+
+Faults are injected the way they happen: ``flip`` flips one mantissa bit of one element in what is
+saved at one step (a corruption on the way to storage; training itself goes on clean), ``freeze``
+stops a layer's parameters learning from a step on, ``resume`` restarts from an earlier step's saved
+state at a later step (resuming from the wrong checkpoint).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+DIM, HIDDEN, VOCAB, LAYERS = 32, 64, 48, 3
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(DIM)
+        self.attention = nn.ModuleDict({n: nn.Linear(DIM, DIM, bias=False) for n in ("wq", "wk", "wv", "wo")})
+        self.ffn_norm = nn.LayerNorm(DIM)
+        self.feed_forward = nn.ModuleDict({"w1": nn.Linear(DIM, HIDDEN), "w2": nn.Linear(HIDDEN, DIM)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.attention
+        h = self.attention_norm(x)
+        q, k, v = a["wq"](h), a["wk"](h), a["wv"](h)
+        att = torch.softmax(q @ k.transpose(-1, -2) / DIM**0.5, dim=-1)
+        x = x + a["wo"](att @ v)
+        f = self.feed_forward
+        return x + f["w2"](torch.relu(f["w1"](self.ffn_norm(x))))
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+@dataclass(frozen=True)
+class Flip:
+    """Flip bit ``bit`` of element ``index`` (flat) of ``entry`` in what step ``step`` saves."""
+
+    step: int
+    entry: str
+    index: int
+    bit: int = 22  # float32's top mantissa bit: the element changes by a third to a half
+
+
+def _flip(t: torch.Tensor, index: int, bit: int) -> torch.Tensor:
+    out = t.detach().clone()
+    bits = out.view(-1).view(torch.int32)
+    bits[index] ^= 1 << bit
+    return out
+
+
+def train(
+    steps: int = 12,
+    *,
+    freeze: tuple[str, int] | None = None,
+    resume: tuple[int, int] | None = None,
+    seed: int = 0,
+) -> list[tuple[int, Tiny, torch.optim.Optimizer]]:
+    """Train and return, after each step, (step, a copy of the model, a copy of the optimizer).
+    ``freeze=(prefix, k)``: parameters under ``prefix`` stop learning at step k (checkpoint k equals
+    k-1 for them); ``resume=(k, j)``: step k starts from the state saved after step j."""
+    torch.manual_seed(seed)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed + 1)
+    out: list[tuple[int, Tiny, torch.optim.Optimizer]] = []
+    for step in range(1, steps + 1):
+        if resume is not None and step == resume[0]:
+            _, m, o = out[resume[1] - 1]
+            model.load_state_dict(m.state_dict())
+            opt.load_state_dict(o.state_dict())
+        if freeze is not None and step == freeze[1]:
+            for name, p in model.named_parameters():
+                if name.startswith(freeze[0]):
+                    p.requires_grad_(False)
+                    p.grad = None
+        tokens = torch.randint(0, VOCAB, (8, 17), generator=g)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        m, o = copy.deepcopy((model, opt))  # together: the copy of the optimizer holds the copied parameters
+        out.append((step, m, o))
+    return out
+
+
+def _titan_state(model: Tiny, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optimizer": osd, "train_state": {"step": step}}
+
+
+def save_titan_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]], flip: Flip | None = None) -> Path:
+    """``root/step-N`` DCP folders, one per step."""
+    import torch.distributed.checkpoint as dcp
+
+    root.mkdir(parents=True, exist_ok=True)
+    for step, model, opt in trained:
+        state = _titan_state(model, opt, step)
+        if flip is not None and flip.step == step:
+            head, _, rest = flip.entry.partition(".")
+            state[head][rest] = _flip(state[head][rest], flip.index, flip.bit)
+        dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
+    return root
+
+
+def save_hf_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]]) -> Path:
+    """``root/checkpoint-N`` folders as transformers' Trainer writes them."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    for step, model, opt in trained:
+        folder = root / f"checkpoint-{step}"
+        folder.mkdir()
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+        torch.save(opt.state_dict(), folder / "optimizer.pt")
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    return root
+
+
+def reference(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[str, list[Any]]]:
+    """The series computed in float64 by torch over whole tensors: what drift must match."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for name in states[0]:
+        ts = [s[name].detach().to(torch.float64).reshape(-1) for s in states]
+        first = ts[0]
+        series: dict[str, list[Any]] = {"norm": [], "rel_change": [], "cos_prev": [], "cos_first": [],
+                                        "max_abs_change": []}  # fmt: skip
+        for i, t in enumerate(ts):
+            series["norm"].append(float(t.norm()))
+            series["cos_first"].append(float(t @ first / (t.norm() * first.norm())))
+            if i == 0:
+                for m in ("rel_change", "cos_prev", "max_abs_change"):
+                    series[m].append(None)
+                continue
+            p = ts[i - 1]
+            series["rel_change"].append(float((t - p).norm() / p.norm()))
+            series["cos_prev"].append(float(t @ p / (t.norm() * p.norm())))
+            series["max_abs_change"].append(float((t - p).abs().max()))
+        out[name] = series
+    return out
