@@ -103,6 +103,13 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert view.position == 1  # the tree shows step 20, shaded by its change
     assert "step 20" in window.tree_pane.model.index_of(name).data(Qt.ItemDataRole.ToolTipRole)
 
+    # activating an anomaly shows its step, its entry selected and plotted
+    row = next(r for r in range(view.anomalies.rowCount()) if view.anomalies.item(r, 2).text() == "frozen")
+    view.anomalies.cellDoubleClicked.emit(row, 1)
+    qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-30", timeout=20_000)
+    qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == FROZEN, timeout=5_000)
+    assert view.plot.widget.getPlotItem().titleLabel.text == FROZEN and view.position == 2
+
 
 def test_open_as_run_refuses_a_checkpoint_and_the_window_starts_without_pyqtgraph(
     qtbot: Any, window: MainWindow, tiny_run: Path

@@ -7,7 +7,7 @@ session (:mod:`..run_session`) computes the report as a job and says what to plo
 asks for leaves as signals: ``step_chosen(position)`` (a row of the step list: the tree shows that
 step, coloured by its change), ``compare_requested(a, b, name)`` (a point of the plot at step b
 was clicked: compare the step before it with it, on that entry), ``entry_requested(name)`` (an
-anomaly was activated: select its entry). Positions are indexes into the run's steps.
+anomaly was activated: its step is chosen too, and its entry is to be selected). Positions are indexes into the run's steps.
 """
 
 from __future__ import annotations
@@ -300,6 +300,9 @@ class RunView(QWidget):
     def _anomaly_row(self, row: int) -> None:
         if self.report is not None and 0 <= row < len(self.report.anomalies):
             a = self.report.anomalies[row]
+            self.name = a.entry  # what the step about to be shown selects
             if a.step in self.report.steps:
-                self.choose_step(self.report.steps.index(a.step))
+                position = self.report.steps.index(a.step)
+                self.choose_step(position)
+                self.step_chosen.emit(position)
             self.entry_requested.emit(a.entry)
