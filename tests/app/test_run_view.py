@@ -134,3 +134,43 @@ def test_a_shaded_tree_model_passes_qtmodeltester(qtmodeltester: Any, tiny_run: 
         assert scale is not None and (scale.lo, scale.hi) == (1e-3, 1e-3)
         group = model.index_of("model.layers")
         assert model.shades[id(model.node(group))] == math.inf  # a group: the largest change below
+
+
+def test_a_damaged_step_is_said_in_the_run_view_and_cancel_stops_the_analysis(
+    qtbot: Any, window: MainWindow, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    import time
+
+    import dcpstudio.core.ops.drift as drift_ops
+
+    damaged = tmp_path / "run"
+    shutil.copytree(tiny_run, damaged)
+    data = next((damaged / "step-20").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:64])
+    window.open_path(damaged)
+    qtbot.waitUntil(lambda: window.runs.view is not None and "drift" in window.jobs, timeout=20_000)
+    finish(qtbot, window, "drift")
+    view = window.runs.view
+    assert window.runs.report is None
+    assert view.status.text().startswith("Not analysed: ") and "past the end" in view.status.text()
+    assert view.status.property("state") == "error" and view.again_button.isEnabled()
+
+    real = drift_ops.drift
+
+    def held(run: Any, *, progress: Any = None, cancel: Any = None) -> Any:
+        def report(p: Any) -> None:  # the first progress report waits for Cancel
+            progress(p)
+            while not cancel.cancelled:
+                time.sleep(0.01)
+
+        return real(run, progress=report, cancel=cancel)
+
+    monkeypatch.setattr(drift_ops, "drift", held)
+    window.open_path(tiny_run)
+    qtbot.waitUntil(lambda: window.runs.run is not None and window.runs.run.location == tiny_run, timeout=20_000)
+    qtbot.waitUntil(lambda: view.cancel_button.isVisible(), timeout=5_000)
+    view.cancel_button.click()
+    finish(qtbot, window, "drift")
+    assert window.runs.report is None and view.status.text() == "Cancelled: nothing was computed."
+    assert not view.cancel_button.isVisible() and view.again_button.isEnabled()
