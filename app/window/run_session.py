@@ -101,17 +101,21 @@ class RunSession:
         run, view = self.run, self.view
         view.set_busy(True)
 
-        def work(progress: Any, cancel: Any) -> Any:
+        def work(progress: Any, cancel: Any) -> tuple[Any, Any]:
             from dcpstudio.core.ops.drift import drift
 
-            return drift(run, progress=progress, cancel=cancel)
+            from .widgets.run_heat import heat_rgba
+
+            report = drift(run, progress=progress, cancel=cancel)
+            changes = [series.get("rel_change", [None] * len(report.steps)) for series in report.series.values()]
+            return report, heat_rgba(changes)  # the heat map's cells: millions for a large run
 
         def ended(text: str, state: str) -> None:
             if self.run is run:
                 view.say(text, state)
 
         board = self.w.board
-        job = board.start("drift", work, lambda r: self._analysed(run, r), lambda: self._idle(run), self._progress)
+        job = board.start("drift", work, lambda r: self._analysed(run, *r), lambda: self._idle(run), self._progress)
         job.errored.connect(lambda e: ended(f"Not analysed: {describe(e)}", "error"))
         job.cancelled.connect(lambda: ended("Cancelled: nothing was computed.", ""))
         return job
@@ -131,11 +135,11 @@ class RunSession:
             if getattr(p, "current", None):
                 self.view.progress.setFormat(f"%p%  {printable(str(p.current))}")
 
-    def _analysed(self, run: Any, report: Any) -> None:
+    def _analysed(self, run: Any, report: Any, cells: Any) -> None:
         if self.run is not run:
             return  # another run was opened meanwhile
         self.report = report
-        self.view.show_report(report, [s.name for s in run.steps])
+        self.view.show_report(report, [s.name for s in run.steps], cells)
         self.view.choose_step(self.position if self.position is not None else len(run.steps) - 1)
         self._shade()
         self.selection_changed(self.w.selected_node())

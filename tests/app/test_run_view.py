@@ -110,6 +110,28 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == FROZEN, timeout=5_000)
     assert view.plot.widget.getPlotItem().titleLabel.text == FROZEN and view.position == 2
 
+    # the heat map: a row per tensor, a column per step, the frozen layer blue-grey from step 30;
+    # a click on a cell shows that step with that tensor
+    heat = view.heat
+    assert heat.names == list(report.series) and heat.changes.shape == (len(report.series), len(STEPS))
+    frozen_row = heat.names.index(FROZEN)
+    assert heat.changes[frozen_row, 2:].tolist() == [0.0, 0.0] and math.isnan(heat.changes[frozen_row, 0])
+    from dcpstudio.window.widgets.run_heat import _on_white
+
+    assert heat.image.image[frozen_row, 3].tolist() == _on_white(GREY.getRgb())[0].tolist()
+    window.views.setCurrentWidget(view)  # the Compare view was shown since
+    view.lists.setCurrentWidget(heat)
+    qtbot.wait(50)
+    row0 = heat.names.index(name)
+    cell = heat.cell_point(row0, 3).toPoint()
+    assert heat.widget.viewport().rect().contains(cell), cell
+    QTest.mouseMove(heat.widget.viewport(), cell)
+    qtbot.waitUntil(lambda: heat.hover_text().startswith(name), timeout=5_000)
+    assert f"step 40: relative change {want[3]:.4g}" in heat.hover_text()
+    QTest.mouseClick(heat.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, cell)
+    qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-40", timeout=20_000)
+    qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == name, timeout=5_000)
+
 
 def test_open_as_run_refuses_a_checkpoint_and_the_window_starts_without_pyqtgraph(
     qtbot: Any, window: MainWindow, tiny_run: Path

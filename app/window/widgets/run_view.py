@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from dcpstudio.core.checkpoints.model import printable, short_repr
 
+from .run_heat import HeatMap
 from .series_plot import SeriesPlot
 
 __all__ = ["METRIC_TEXT", "RunView"]
@@ -116,8 +118,11 @@ class RunView(QWidget):
         self.anomalies.cellActivated.connect(lambda row, _c: self._anomaly_row(row))
         self.anomalies.cellDoubleClicked.connect(lambda row, _c: self._anomaly_row(row))
         self.values = _table(("Value",))
+        self.heat = HeatMap()
+        self.heat.cell_clicked.connect(self._go)
         self.lists = QTabWidget()
         self.lists.addTab(self.anomalies, "Anomalies")
+        self.lists.addTab(self.heat, "Heat Map")
         self.lists.addTab(self.values, "Values by Step")
 
         top = QHBoxLayout()
@@ -163,15 +168,25 @@ class RunView(QWidget):
         self._fill_steps([s.step for s in run.steps], [s.name for s in run.steps], {})
         self.anomalies.setRowCount(0)
         self.values.setRowCount(0)
+        self.heat.show_cells([], [], np.zeros((0, 0, 4), dtype=np.uint8), np.zeros((0, 0)))
         self.legend.setText("")
         self.metric_box.clear()
         self.plot.clear()
         skipped = "; ".join(f"{n}: {why}" for n, why in getattr(run, "skipped", ()))
         self.say(f"Reading {len(run.steps)} checkpoints…" + (f" Not steps yet: {skipped}" if skipped else ""))
 
-    def show_report(self, report: Any, names: list[str]) -> None:
-        """``report``'s steps, anomalies and values; ``names``: the steps' checkpoint names."""
+    def show_report(self, report: Any, names: list[str], cells: Any = None) -> None:
+        """``report``'s steps, anomalies and values; ``names``: the steps' checkpoint names;
+        ``cells``: the heat map's (:func:`~.run_heat.heat_rgba` of the tensors' relative changes)."""
         self.report = report
+        if cells is not None:
+            self.heat.show_cells(list(report.series), report.steps, cells[0], cells[1])
+            scale = cells[2]
+            self.lists.setTabToolTip(
+                1,
+                "Every tensor at every step, by its relative change"
+                + (f": {scale.legend()}; white: no value" if scale is not None else ""),
+            )
         counts: dict[int, int] = {}
         for a in report.anomalies:
             counts[a.step] = counts.get(a.step, 0) + 1
@@ -218,7 +233,7 @@ class RunView(QWidget):
             self.values.setItem(row, 0, _item(name))
             for col, v in enumerate(report.values[name], 1):
                 self.values.setItem(row, col, _item("" if v is None else short_repr(v, 80), short_repr(v, 400)))
-        self.lists.setTabText(1, f"Values by Step ({len(names)})")
+        self.lists.setTabText(2, f"Values by Step ({len(names)})")
 
     def say(self, text: str, state: str = "") -> None:
         self.status.setText(text)
@@ -300,9 +315,12 @@ class RunView(QWidget):
     def _anomaly_row(self, row: int) -> None:
         if self.report is not None and 0 <= row < len(self.report.anomalies):
             a = self.report.anomalies[row]
-            self.name = a.entry  # what the step about to be shown selects
             if a.step in self.report.steps:
-                position = self.report.steps.index(a.step)
-                self.choose_step(position)
-                self.step_chosen.emit(position)
-            self.entry_requested.emit(a.entry)
+                self._go(a.entry, self.report.steps.index(a.step))
+
+    def _go(self, name: str, position: int) -> None:
+        """Show the step at ``position`` with ``name`` selected (an anomaly, a heat map cell)."""
+        self.name = name  # what the step about to be shown selects
+        self.choose_step(position)
+        self.step_chosen.emit(position)
+        self.entry_requested.emit(name)
