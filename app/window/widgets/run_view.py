@@ -1,13 +1,14 @@
 """The Run view: a training run's checkpoints over their steps -- the step list, a plot of the
-entry chosen in the tree (a tensor, or a module's combined series), the anomalies, the non-tensor
-values step by step.
+entry chosen in the tree (a tensor, or a module's combined series), the anomalies, a heat map of
+every tensor at every step, the non-tensor values step by step.
 
 It shows a :class:`~dcpstudio.core.ops.drift.DriftReport` and reads nothing: the window's run
 session (:mod:`..run_session`) computes the report as a job and says what to plot. What the user
 asks for leaves as signals: ``step_chosen(position)`` (a row of the step list: the tree shows that
 step, coloured by its change), ``compare_requested(a, b, name)`` (a point of the plot at step b
 was clicked: compare the step before it with it, on that entry), ``entry_requested(name)`` (an
-anomaly was activated: its step is chosen too, and its entry is to be selected). Positions are indexes into the run's steps.
+anomaly or a heat map cell was activated: its step is chosen too, and its entry is to be
+selected). Positions are indexes into the run's steps.
 """
 
 from __future__ import annotations
