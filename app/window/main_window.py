@@ -349,7 +349,6 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"DCP Studio — {printable(name_of(ckpt.path))}")
         self.message_bar.clear()
         if run is not None:
-            self.settings.add_recent(run.location)  # reopened from the menu, it is a run again
             self.runs.show(run)
         self.runs.opened(ckpt)
 

@@ -54,6 +54,7 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert window.ckpt is not None and window.ckpt.path == tiny_run / "step-40"  # the latest step in the tree
     assert [view.steps.item(r, 0).text() for r in range(view.steps.rowCount())] == [str(s) for s in STEPS]
     assert view.steps.item(3, 1).text() == "step-40"
+    assert window.settings.recent()[0] == str(tiny_run)  # File › Open Recent reopens the run, not a step
 
     # the anomaly list names the frozen layer at its first unchanged step
     rows = [tuple(view.anomalies.item(r, c).text() for c in range(4)) for r in range(view.anomalies.rowCount())]
