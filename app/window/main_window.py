@@ -343,7 +343,7 @@ class MainWindow(QMainWindow):
             self.settings.add_recent_url(str(url))
             self.remote_status.show_for(shown(url))
         else:
-            self.settings.add_recent(ckpt.path)
+            self.runs.add_recent(ckpt.path)  # not each step of the run shown
             self.browser.reveal(ckpt.path, expand=ckpt.path.is_dir())
             self.remote_status.show_for(None)
         self.setWindowTitle(f"DCP Studio — {printable(name_of(ckpt.path))}")

@@ -179,6 +179,11 @@ class RunSession:
         if pending is not None and _same(pending[0], ckpt.path):
             pending[1](ckpt)
 
+    def add_recent(self, path: Path) -> None:
+        """Remember ``path`` as opened lately, unless it is a step of the run shown (the run is)."""
+        if self.run is None or not any(_same(self.location(i), path) for i in range(len(self.run.steps))):
+            self.w.settings.add_recent(path)
+
     def selection_changed(self, node: Node | None) -> None:
         """Plot the entry selected in the tree (a tensor, or a group: its module's series)."""
         if self.view is None or self.report is None or node is None:

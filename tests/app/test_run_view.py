@@ -103,6 +103,7 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert row is None or math.isclose(row.rel_l2, want[2], rel_tol=1e-6)
     assert view.position == 1  # the tree shows step 20, shaded by its change
     assert "step 20" in window.tree_pane.model.index_of(name).data(Qt.ItemDataRole.ToolTipRole)
+    assert str(tiny_run / "step-20") not in window.settings.recent()  # a step shown, not a file opened
 
     # activating an anomaly shows its step, its entry selected and plotted
     row = next(r for r in range(view.anomalies.rowCount()) if view.anomalies.item(r, 2).text() == "frozen")
