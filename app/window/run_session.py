@@ -84,7 +84,7 @@ class RunSession:
         self.run, self.report = run, None
         self.position = len(run.steps) - 1
         if not is_remote(run.location):
-            self.w.settings.add_recent(run.location)  # reopened from File › Open Recent, it is a run again
+            self.w.settings.add_recent(run.location)  # reopened from the recent list, it is a run again
         self.view.show_run(run)
         self.view.choose_step(self.position)
         self.w.views.setCurrentWidget(self.view)
