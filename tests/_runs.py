@@ -85,6 +85,17 @@ def train(
     """Train and return, after each step, (step, a copy of the model, a copy of the optimizer).
     ``freeze=(prefix, k)``: parameters under ``prefix`` stop learning at step k (checkpoint k equals
     k-1 for them); ``resume=(k, j)``: step k starts from the state saved after step j."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small: threads only wait for each other on a shared machine
+    try:
+        return _train(steps, freeze, resume, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    steps: int, freeze: tuple[str, int] | None, resume: tuple[int, int] | None, seed: int
+) -> list[tuple[int, Tiny, torch.optim.Optimizer]]:
     torch.manual_seed(seed)
     model = Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -93,6 +104,7 @@ def train(
     for step in range(1, steps + 1):
         if resume is not None and step == resume[0]:
             _, m, o = out[resume[1] - 1]
+            m, o = copy.deepcopy((m, o))  # load_state_dict keeps the tensors it is given: not the saved ones
             model.load_state_dict(m.state_dict())
             opt.load_state_dict(o.state_dict())
         if freeze is not None and step == freeze[1]:
@@ -111,25 +123,61 @@ def train(
     return out
 
 
-def _titan_state(model: Tiny, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+def titan_state(model: Tiny, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, opt)
     return {"model": msd, "optimizer": osd, "train_state": {"step": step}}
 
 
-def save_titan_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]], flip: Flip | None = None) -> Path:
-    """``root/step-N`` DCP folders, one per step."""
+def save_titan_run(
+    root: Path,
+    trained: list[tuple[int, Tiny, torch.optim.Optimizer]],
+    flip: Flip | None = None,
+    poison: tuple[int, str, int] | None = None,
+    extra: tuple[int, str] | None = None,
+) -> Path:
+    """``root/step-N`` DCP folders, one per step. ``poison=(k, entry, index)``: that element is saved
+    as NaN from step k on; ``extra=(k, entry)``: a new tensor saved from step k on."""
     import torch.distributed.checkpoint as dcp
 
     root.mkdir(parents=True, exist_ok=True)
     for step, model, opt in trained:
-        state = _titan_state(model, opt, step)
+        state = titan_state(model, opt, step)
         if flip is not None and flip.step == step:
             head, _, rest = flip.entry.partition(".")
             state[head][rest] = _flip(state[head][rest], flip.index, flip.bit)
+        if poison is not None and step >= poison[0]:
+            head, _, rest = poison[1].partition(".")
+            state[head][rest] = state[head][rest].detach().clone()
+            state[head][rest].view(-1)[poison[2]] = float("nan")
+        if extra is not None and step >= extra[0]:
+            head, _, rest = extra[1].partition(".")
+            state[head][rest] = torch.full((4, 4), float(step))
         dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
     return root
+
+
+def load_titan_step(folder: Path, model: Tiny, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """A saved step read back by torch's own ``dcp.load``, flattened to ``model.…``/``optimizer.…``."""
+    import torch.distributed.checkpoint as dcp
+
+    state = titan_state(*copy.deepcopy((model, opt)), 0)
+    dcp.load(state, checkpoint_id=str(folder))
+    return _flatten(state)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for k, v in enumerate(tree):
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix[:-1]] = tree
+    return out
 
 
 def save_hf_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]]) -> Path:
@@ -146,24 +194,43 @@ def save_hf_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer
     return root
 
 
+def load_hf_step(folder: Path) -> dict[str, torch.Tensor]:
+    """A saved step read back by safetensors and ``torch.load(weights_only=True)``."""
+    from safetensors.torch import load_file
+
+    out = dict(load_file(str(folder / "model.safetensors")))
+    out.update(_flatten(torch.load(folder / "optimizer.pt", weights_only=True), "optimizer."))
+    return out
+
+
 def reference(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[str, list[Any]]]:
     """The series computed in float64 by torch over whole tensors: what drift must match."""
     out: dict[str, dict[str, list[Any]]] = {}
     for name in states[0]:
-        ts = [s[name].detach().to(torch.float64).reshape(-1) for s in states]
+        if states[0][name].numel() < 2:
+            continue
+        raw = [s[name].detach().to(torch.float64).reshape(-1) for s in states]
+        ok = [torch.isfinite(t) for t in raw]  # drift's sums take the finite values (of both, in a product)
+        ts = [torch.where(f, t, 0.0) for t, f in zip(raw, ok, strict=True)]
         first = ts[0]
-        series: dict[str, list[Any]] = {"norm": [], "rel_change": [], "cos_prev": [], "cos_first": [],
-                                        "max_abs_change": []}  # fmt: skip
+        series: dict[str, list[Any]] = {
+            "norm": [],
+            "rel_change": [],
+            "cos_prev": [],
+            "cos_first": [],
+            "max_abs_change": [],
+        }
         for i, t in enumerate(ts):
             series["norm"].append(float(t.norm()))
-            series["cos_first"].append(float(t @ first / (t.norm() * first.norm())))
+            series["cos_first"].append(float((t * ok[0]) @ (first * ok[i]) / (t.norm() * first.norm())))
             if i == 0:
                 for m in ("rel_change", "cos_prev", "max_abs_change"):
                     series[m].append(None)
                 continue
-            p = ts[i - 1]
-            series["rel_change"].append(float((t - p).norm() / p.norm()))
-            series["cos_prev"].append(float(t @ p / (t.norm() * p.norm())))
-            series["max_abs_change"].append(float((t - p).abs().max()))
+            p, both = ts[i - 1], ok[i] & ok[i - 1]
+            d = torch.where(both, t - p, 0.0)
+            series["rel_change"].append(float(d.norm() / p.norm()))
+            series["cos_prev"].append(float((t * both) @ (p * both) / (t.norm() * p.norm())))
+            series["max_abs_change"].append(float(d.abs().max()))
         out[name] = series
     return out

@@ -144,3 +144,32 @@ def multirank_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("multirank") / "ckpt"
     _ranks.save_multirank(out, world=3)
     return out
+
+
+@pytest.fixture(scope="session")
+def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Real tiny training runs on the CPU (tests/_runs.py), made once per session: ``faulty`` (DCP
+    ``step-N``: layer 1 frozen from step 4, a flipped mantissa bit in step 7's
+    ``model.layers.0.attention.wq.weight``, a NaN in ``model.output.weight`` from step 10, a tensor
+    added at step 9), ``healthy`` (Hugging Face Trainer ``checkpoint-N``; None without safetensors),
+    ``resumed`` (DCP, step 9 resumed from step 3's state), with what each was made from."""
+    from tests import _runs
+
+    root = tmp_path_factory.mktemp("runs")
+    faulty = _runs.train(12, freeze=("layers.1.", 4))
+    flip = _runs.Flip(7, "model.layers.0.attention.wq.weight", 100)
+    out: dict[str, Any] = {
+        "faulty": _runs.save_titan_run(
+            root / "titan", faulty, flip, poison=(10, "model.output.weight", 5), extra=(9, "model.extra")
+        ),
+        "faulty_trained": faulty,
+        "flip": flip,
+        "resumed": _runs.save_titan_run(root / "resumed", _runs.train(12, resume=(9, 3))),
+        "healthy": None,
+    }
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        return out
+    out["healthy"] = _runs.save_hf_run(root / "hf", _runs.train(12, seed=5))
+    return out

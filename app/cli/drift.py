@@ -23,9 +23,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "spikes, frozen tensors, NaN/Inf appearing, steps reverted to earlier values and layout changes.",
     )
     p.add_argument("run", help="the run's folder (local or a URL), whose children are checkpoints named by step")
-    p.add_argument("--pattern", metavar="RE", help="the children's names: a regular expression with a group "
-                   "(?P<step>\\d+) (default: torchtitan, Hugging Face Trainer, Lightning, Megatron, DeepSpeed, "
-                   "plain numbers)")  # fmt: skip
+    p.add_argument(
+        "--pattern",
+        metavar="RE",
+        help="the children's names: a regular expression with a group "
+        "(?P<step>\\d+) (default: torchtitan, Hugging Face Trainer, Lightning, Megatron, DeepSpeed, "
+        "plain numbers)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="the report as JSON: steps, series, groups, values, anomalies")
     out.add_argument("--csv", action="store_true", help="the series as CSV: one row per step and entry")

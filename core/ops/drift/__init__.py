@@ -28,5 +28,16 @@ from .compute import drift
 from .report import METRICS, Anomaly, DriftReport
 from .run import CONVENTIONS, Run, RunStep, detect_run
 
-__all__ = ["CONVENTIONS", "METRICS", "SPIKE", "Anomaly", "DriftReport", "Finding", "Run", "RunStep", "detect_run",
-           "drift", "find_anomalies"]  # fmt: skip
+__all__ = [
+    "CONVENTIONS",
+    "METRICS",
+    "SPIKE",
+    "Anomaly",
+    "DriftReport",
+    "Finding",
+    "Run",
+    "RunStep",
+    "detect_run",
+    "drift",
+    "find_anomalies",
+]

@@ -2,8 +2,8 @@
 median change) or with its siblings, never with a fixed scale, so it holds for any model and lr.
 
 - ``spike``: a step whose change (relative L2, or the largest element change) is more than
-  :data:`SPIKE` times the tensor's own median change. When the next step undoes it -- the step
-  after is within a normal change of the step before (``‖W_k+1 - W_k-1‖`` small) -- the fault was
+  :data:`SPIKE` times the tensor's own median change. When the next step undoes it -- the element the
+  next step moves most goes back to near its value of the step before -- the fault was
   in that one checkpoint (a flipped bit, a bad write): it is reported once, at the step that holds
   it, naming the element and chunk, and not again as the reversal.
 - ``frozen``: unchanged (bitwise: ‖ΔW‖ = 0) while most of its siblings change -- the tensors of the
@@ -11,13 +11,13 @@ median change) or with its siblings, never with a fixed scale, so it holds for a
   one, the tensors under the same root once it has itself changed before (so buffers that never
   change are not flagged). Reported once, at the first unchanged step.
 - ``nonfinite``: NaN or Inf where the previous step had none, with the first one's element.
-- ``reverted``: a step whose values equal an earlier, non-adjacent step's (exactly: against the step
-  two back by the full difference, against older ones by norm, cosine to the first step and the
-  sampled values) or are far closer to one than to the previous step's while the change from the
-  previous step is unusually large -- what resuming from the wrong checkpoint looks like. The
-  distances are estimated from the fixed sample of :data:`~.metrics.SAMPLE` elements per step: no
-  second read and no digest of every step (which would cost hashing every byte, about as much as
-  reading it again on this machine's two cores), at the price that "far closer" is an estimate.
+- ``reverted``: a step whose values equal an earlier, non-adjacent step's (by norm and the sampled
+  values) or are far closer to one than to the previous step's while the change from the previous
+  step is unusually large -- what resuming from the wrong checkpoint looks like. The distances are
+  estimated from the fixed sample of :data:`~.metrics.SAMPLE` elements per step: no second read and
+  no digest of every step (which would hash every byte: about as costly as reading it again on this
+  machine's two cores, and the digest's algorithm is the integrity package's to change), at the price
+  that "equal" and "far closer" are judged on the sample and the norm.
 - ``layout``: an entry added or removed, or its kind, dtype or shape changed, between two steps.
 
 Scalars (0-d or one-element tensors, such as Adam's ``step``) are values, not weights: they go to the
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .metrics import StepSums
@@ -40,7 +40,7 @@ SPIKE = 10.0
 """How many times its median change a step's change must exceed to be a spike."""
 _TRANSIENT = 4.0  # a change this many times the median, undone by the next step: a fault in one checkpoint
 _UNDONE = 0.25  # the step after is back within this fraction of the change: the change was undone
-_CLOSER = 0.25  # an earlier step this much closer than the previous one: reverted to it
+_CLOSER = 0.5  # an earlier step at most half as far as the previous one: reverted to it
 _LARGE = 2.0  # ... when the change from the previous step is this many times its median
 
 
@@ -56,7 +56,7 @@ class Finding:
     at: int | None = None
 
 
-Layout = dict[str, tuple[str, str, tuple[int, ...] | None]]  # name -> (kind, dtype, shape) at one step
+Layout = Mapping[str, tuple[str, str, tuple[int, ...] | None]]  # name -> (kind, dtype, shape) at one step
 
 
 def _template(name: str) -> str:
@@ -115,7 +115,9 @@ def _nonfinite(weights: dict[str, list[StepSums | None]]) -> list[Finding]:
         for i, s in enumerate(ss):
             before = ss[i - 1] if i else None
             if s is not None and s.nan + s.inf and (before is None or before.nan + before.inf == 0):
-                out.append(Finding(i, name, "nonfinite", f"{s.nan} NaN, {s.inf} Inf appear (of {s.count})", s.first_bad))
+                out.append(
+                    Finding(i, name, "nonfinite", f"{s.nan} NaN, {s.inf} Inf appear (of {s.count})", s.first_bad)
+                )
     return out
 
 
@@ -158,7 +160,9 @@ def _spikes(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
             assert s is not None
             detail = hits[i]
             if i + 1 < len(ss) and _undone(ss, i + 1):
-                detail += f"; undone at step {steps[i + 1]} (back to step {steps[i - 1]}'s values): this checkpoint alone"
+                detail += (
+                    f"; undone at step {steps[i + 1]} (back to step {steps[i - 1]}'s values): this checkpoint alone"
+                )
             out.append(Finding(i, name, "spike", detail, s.max_prev_at))
     return out
 
@@ -175,18 +179,24 @@ def _transient(ss: list[StepSums | None], i: int, m_rel: float | None, m_big: fl
         return False
     big = bool(m_big) and min(s.max_prev, after.max_prev) > _TRANSIENT * (m_big or 0.0)
     prev = ss[i - 1]
-    rel = (bool(m_rel) and prev is not None and after.diff2_prev is not None and s.diff2_prev is not None
-           and prev.norm2 > 0 and min(s.diff2_prev, after.diff2_prev) > (_TRANSIENT * (m_rel or 0.0)) ** 2 * prev.norm2)  # fmt: skip
+    rel = (
+        bool(m_rel)
+        and prev is not None
+        and after.diff2_prev is not None
+        and s.diff2_prev is not None
+        and prev.norm2 > 0
+        and min(s.diff2_prev, after.diff2_prev) > (_TRANSIENT * (m_rel or 0.0)) ** 2 * prev.norm2
+    )
     return big or rel
 
 
 def _undone(ss: list[StepSums | None], i: int) -> bool:
-    """Whether step ``i`` is back within a fraction :data:`_UNDONE` of its change of step ``i - 2``
-    (the largest element change, or the L2 change): its change from ``i - 1`` undid ``i - 1``'s."""
+    """Whether step ``i``'s largest element change took that element back to within a fraction
+    :data:`_UNDONE` of it of its value at step ``i - 2``: the change undid step ``i - 1``'s."""
     s = ss[i]
-    if s is None or s.max_back2 is None or s.max_prev is None or s.diff2_back2 is None or s.diff2_prev is None:
+    if s is None or s.back2_at_max is None or not s.max_prev:
         return False
-    return s.max_back2 < _UNDONE * s.max_prev or s.diff2_back2 < _UNDONE**2 * s.diff2_prev
+    return s.back2_at_max < _UNDONE * s.max_prev
 
 
 def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> list[Finding]:
@@ -211,8 +221,14 @@ def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
             if frozen and run_start is None:
                 run_start = i
                 label = _template(name) if not alone else f"{name.split('.', 1)[0]}.*"
-                out.append(Finding(i, name, "frozen", f"unchanged since step {steps[i - 1]} while {len(changing)} of "
-                                                       f"{len(moving)} of {label} change"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "frozen",
+                        f"unchanged since step {steps[i - 1]} while {len(changing)} of {len(moving)} of {label} change",
+                    )
+                )
             elif not frozen:
                 run_start = None
             if s is not None and (s.diff2_prev or 0.0) > 0:
@@ -224,7 +240,9 @@ def _distance(a: list[float], b: list[float]) -> float:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
 
 
-def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], flagged: set[tuple[str, int]]) -> list[Finding]:
+def _reverted(
+    steps: Sequence[int], weights: dict[str, list[StepSums | None]], flagged: set[tuple[str, int]]
+) -> list[Finding]:
     out = []
     for name, ss in weights.items():
         d_prev: list[float | None] = [None] * len(ss)
@@ -236,9 +254,6 @@ def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], f
         for i in range(2, len(ss)):
             s, dp = ss[i], d_prev[i]
             if s is None or dp is None or not s.diff2_prev:
-                continue
-            if s.diff2_back2 == 0.0 and s.max_back2 == 0.0:
-                out.append(Finding(i, name, "reverted", f"equal to step {steps[i - 2]}'s values, not step {steps[i - 1]}'s"))
                 continue
             best: tuple[float, int] | None = None
             for j in range(i - 1):
@@ -255,11 +270,24 @@ def _reverted(steps: Sequence[int], weights: dict[str, list[StepSums | None]], f
                 continue  # undoing the fault of step i - 1, reported there
             older = ss[j]
             assert older is not None
-            exact = d == 0.0 and older.norm2 == s.norm2 and j != i - 2
+            exact = d == 0.0 and older.norm2 == s.norm2
             if exact:
-                out.append(Finding(i, name, "reverted", f"equal to step {steps[j]}'s values (norm and sampled values), "
-                                                         f"not step {steps[i - 1]}'s"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "reverted",
+                        f"equal to step {steps[j]}'s values (norm and sampled values), not step {steps[i - 1]}'s",
+                    )
+                )
             elif typical and d < _CLOSER * dp and dp > _LARGE * typical:
-                out.append(Finding(i, name, "reverted", f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values "
-                                                         f"than to step {steps[i - 1]}'s (sampled)"))  # fmt: skip
+                out.append(
+                    Finding(
+                        i,
+                        name,
+                        "reverted",
+                        f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values "
+                        f"than to step {steps[i - 1]}'s (sampled)",
+                    )
+                )
     return out

@@ -27,7 +27,7 @@ from .run import RunStep
 __all__ = ["load_step", "step_identity", "store_step"]
 
 _KIND = "drift-step"
-_VERSION = 1
+_VERSION = 3
 
 
 def _files(location: Any) -> list[Any]:

@@ -77,8 +77,11 @@ def _chunk(ckpt: Checkpoint, entry: Entry, at: int | None) -> str | None:
     for k, c in enumerate(chunks):
         if all(o <= x < o + n for x, o, n in zip(index, c.offsets, c.sizes, strict=False)):
             where = f", file {c.file}" if c.file else ""
-            many = f"chunk {k + 1} of {len(chunks)} (offsets {list(c.offsets)}){where}" if len(chunks) > 1 else (
-                f"file {c.file}" if c.file else "")  # fmt: skip
+            many = (
+                f"chunk {k + 1} of {len(chunks)} (offsets {list(c.offsets)}){where}"
+                if len(chunks) > 1
+                else (f"file {c.file}" if c.file else "")
+            )
             return f"element {index}: {many}" if many else f"element {index}"
     return f"element {index}"
 
@@ -121,37 +124,45 @@ def drift(
         cached: dict[int, tuple[dict[str, StepSums], dict[str, Any]]] = {}
         if cache:
             for i, step in enumerate(run.steps):
-                got = load_step(step, depends(i))
-                if got is not None:
-                    cached[i] = got
+                record = load_step(step, depends(i))
+                if record is not None:
+                    cached[i] = record
         needed = {i for i in range(n) if i not in cached}
         names = list(dict.fromkeys(name for es in opened for name, (_, e) in es.items() if e.kind == "tensor"))
-        presence = {name: {i: Source(es[name][0], es[name][1].fqn, es[name][1]) for i, es in enumerate(opened)
-                           if name in es and es[name][1].kind == "tensor" and not expanded(es[name][1])}
-                    for name in names}  # fmt: skip
+        presence = {
+            name: {
+                i: Source(es[name][0], es[name][1].fqn, es[name][1])
+                for i, es in enumerate(opened)
+                if name in es and es[name][1].kind == "tensor" and not expanded(es[name][1])
+            }
+            for name in names
+        }
         total = sum(src.entry.nbytes for p in presence.values() for i, src in p.items() if i in needed)
         reporter = Reporter(progress, cancel, total_bytes=total, total_items=len(names))
         sums: dict[str, list[StepSums | None]] = {name: [None] * n for name in names}
         for i, (got, _) in cached.items():
-            for name, s in got.items():
+            for name, kept in got.items():
                 if name in sums:
-                    sums[name][i] = s
+                    sums[name][i] = kept
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-drift") as pool:
             for name in names:
                 reporter.check()
-                computed = stream_tensor(name, presence[name], needed, reporter, pool=pool, block_elements=block_elements)
-                for i, s in computed.items():
-                    sums[name][i] = s
+                computed = stream_tensor(
+                    name, presence[name], needed, reporter, pool=pool, block_elements=block_elements
+                )
+                for i, fresh in computed.items():
+                    sums[name][i] = fresh
                 reporter.advance(0, current=name)
         values_rows = [cached[i][1] if i in cached else _values(opened[i]) for i in range(n)]
         if cache:
             for i in needed:
-                store_step(run.steps[i], depends(i), {nm: s for nm in names if (s := sums[nm][i]) is not None},
-                           values_rows[i])  # fmt: skip
+                store_step(
+                    run.steps[i], depends(i), {nm: s for nm in names if (s := sums[nm][i]) is not None}, values_rows[i]
+                )
         for name in names:
-            for i, s in enumerate(sums[name]):
-                if s is not None and s.count == 1 and s.sample:
-                    values_rows[i].setdefault(name, s.sample[0])  # a 0-d tensor: its value
+            for i, one in enumerate(sums[name]):
+                if one is not None and one.count == 1 and one.sample:
+                    values_rows[i].setdefault(name, one.sample[0])  # a 0-d tensor: its value
         layouts = [{name: (e.kind, dtype_name(e.dtype) or "", e.shape) for name, (_, e) in es.items()} for es in opened]
         findings = find_anomalies([s.step for s in run.steps], sums, layouts)
         anomalies = [_anomaly(run, f, opened) for f in findings]
@@ -178,4 +189,3 @@ def _anomaly(run: Run, f: Finding, opened: list[dict[str, tuple[Checkpoint, Entr
     step = run.steps[f.i].step
     detail = f.detail if chunk is None else f"{f.detail}; at {chunk}"
     return Anomaly(step, f.entry, f.kind, detail, chunk)
-

@@ -3,7 +3,8 @@
 A block of step k is compared with the same block of the previous step, of the step before that and
 of the run's first step, all already converted to float64 (the reader keeps just those). Every sum is
 float64 over sub-blocks of :data:`SUB` elements, which stay in cache: ``np.dot`` on them is one BLAS
-call below the size where OpenBLAS starts threads, so no thread spins on a shared machine. Values
+call below the size (10,000) where OpenBLAS's ``ddot`` starts threads, which on a shared machine spin
+while waiting for a core (measured here at load 8: 30x slower with them). Values
 that are not finite are counted (NaN, Inf, the first one's index) and left out of the sums, so one
 NaN does not hide how the rest moved; the NaN check costs nothing when ``‖x‖²`` of a sub-block is
 finite (a NaN or Inf anywhere makes it so).
@@ -26,10 +27,19 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SAMPLE", "SUB", "Other", "StepSums", "accumulate", "as_float64", "new_histogram", "percentiles",
-           "wants_histogram"]  # fmt: skip
+__all__ = [
+    "SAMPLE",
+    "SUB",
+    "Other",
+    "StepSums",
+    "accumulate",
+    "as_float64",
+    "new_histogram",
+    "percentiles",
+    "wants_histogram",
+]
 
-SUB = 1 << 15
+SUB = 1 << 13
 SAMPLE = 256
 _OCTAVE = 16  # histogram bins per power of two
 _EXP_LO, _EXP_HI = -1100, 1030  # float64 exponents (frexp), subnormals included
@@ -57,19 +67,16 @@ class StepSums:
     diff2_prev: float | None = None
     max_prev: float | None = None
     max_prev_at: int | None = None
-    diff2_back2: float | None = None
-    max_back2: float | None = None
+    back2_at_max: float | None = None  # |W - W_back2| at the element of max_prev
     dot_first: float | None = None
     first: int | None = None  # the index of the step dot_first is with
     vmax: float = -math.inf
     sample: list[float] = field(default_factory=list)
     hist: Any = None  # numpy int64 counts over log2 bins, plus zeros in the last slot
 
-    def start(self, prev: bool, back2: bool, first: bool) -> None:
+    def start(self, prev: bool, first: bool) -> None:
         if prev:
             self.dot_prev, self.diff2_prev, self.max_prev = 0.0, 0.0, 0.0
-        if back2:
-            self.diff2_back2, self.max_back2 = 0.0, 0.0
         if first:
             self.dot_first = 0.0
 
@@ -105,8 +112,17 @@ def as_float64(t: torch.Tensor) -> np.ndarray:
     if flat.dtype == torch.bfloat16:
         bits = flat.view(torch.int16).numpy().view(np.uint16)
         return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if flat.dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8,
-                      torch.int16, torch.int32, torch.int64):  # fmt: skip
+    if flat.dtype in (
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    ):
         return flat.numpy().astype(np.float64)
     if flat.dtype.is_complex:
         return torch.view_as_real(flat).reshape(-1).to(torch.float64).numpy()
@@ -125,9 +141,14 @@ def _note_bad(acc: StepSums, x: np.ndarray, start: int) -> np.ndarray:
     return finite
 
 
-def _max_abs(d: np.ndarray) -> tuple[float, int]:
-    hi, lo = int(np.argmax(d)), int(np.argmin(d))
-    return (float(d[hi]), hi) if d[hi] >= -d[lo] else (float(-d[lo]), lo)
+def _both_finite(other: Other, s: int, xs: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The sub-block at ``s`` of an earlier step's block, and ``xs``, both with zeros where either is
+    not finite (only computed when one of them holds a NaN or an Inf)."""
+    ps = other[0][s : s + len(xs)]
+    if keep is None and not other[1]:
+        return ps, xs
+    both = np.isfinite(ps) if keep is None else np.isfinite(ps) & keep
+    return np.where(both, ps, 0.0), np.where(both, xs, 0.0)
 
 
 Other = tuple[np.ndarray, bool]  # an earlier step's block (flat float64) and whether it holds NaN or Inf
@@ -159,31 +180,26 @@ def accumulate(
             xs = np.where(keep, xs, 0.0)
             xx = float(np.dot(xs, xs))
         acc.norm2 += xx
-        if keep is None or keep.any():
-            acc.vmax = max(acc.vmax, float(xs.max() if keep is None else xs[keep].max()))
-        for which, other in (("prev", prev), ("back2", back2), ("first", first)):
-            if other is None:
-                continue
-            ps, xo = other[0][s : s + SUB], xs
-            if keep is not None or other[1]:
-                both = np.isfinite(ps) if keep is None else np.isfinite(ps) & keep
-                ps, xo = np.where(both, ps, 0.0), np.where(both, xs, 0.0)
-            if which == "first":
-                acc.dot_first = (acc.dot_first or 0.0) + float(np.dot(xo, ps))
-                continue
+        if first is not None:
+            fs, xo = _both_finite(first, s, xs, keep)
+            acc.dot_first = (acc.dot_first or 0.0) + float(np.dot(xo, fs))
+        if prev is not None:
+            ps, xo = _both_finite(prev, s, xs, keep)
+            acc.dot_prev = (acc.dot_prev or 0.0) + float(np.dot(xo, ps))
             np.subtract(xo, ps, out=d)
-            dd = float(np.dot(d, d))
-            m, at = _max_abs(d)
-            if which == "prev":
-                acc.dot_prev = (acc.dot_prev or 0.0) + float(np.dot(xo, ps))
-                acc.diff2_prev = (acc.diff2_prev or 0.0) + dd
-                if acc.max_prev is None or m > acc.max_prev or acc.max_prev_at is None:
-                    acc.max_prev, acc.max_prev_at = m, start + s + at
-            else:
-                acc.diff2_back2 = (acc.diff2_back2 or 0.0) + dd
-                acc.max_back2 = max(acc.max_back2 or 0.0, m)
+            np.abs(d, out=d)
+            m = float(d.max())
+            acc.diff2_prev = (acc.diff2_prev or 0.0) + float(np.dot(d, d))
+            if acc.max_prev is None or m > acc.max_prev or acc.max_prev_at is None:
+                at = int(np.argmax(d))
+                acc.max_prev, acc.max_prev_at = m, start + s + at
+                if back2 is not None:  # where this step moved most: how far from two steps back
+                    acc.back2_at_max = abs(float(xo[at]) - float(back2[0][s + at]))
         if acc.hist is not None:
-            _histogram(acc, xs if keep is None else xs[keep])
+            good = xs if keep is None else xs[keep]
+            if len(good):
+                acc.vmax = max(acc.vmax, float(good.max()))
+            _histogram(acc, good)
     step = max(1, numel // SAMPLE)
     lo = -(-start // step) * step
     hi = min(start + len(x), step * SAMPLE)

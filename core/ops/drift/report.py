@@ -83,8 +83,9 @@ def tensor_series(name: str, sums: list[StepSums | None]) -> dict[str, list[Any]
             out["rel_change"][i] = _ratio(math.sqrt(s.diff2_prev), math.sqrt(prev_n2))
             out["max_abs_change"][i] = s.max_prev
             out["cos_prev"][i] = _cos(s.dot_prev, s.norm2, prev_n2)
-        out["cos_first"][i] = _cos(s.dot_first, s.norm2, first_norm2) if s.dot_first is not None else (
-            1.0 if s.norm2 > 0 else None)  # fmt: skip
+        out["cos_first"][i] = (
+            _cos(s.dot_first, s.norm2, first_norm2) if s.dot_first is not None else (1.0 if s.norm2 > 0 else None)
+        )
         if hist and s.hist is not None:
             for q, v in zip(_QUANTILES, percentiles(s.hist, tuple(_QUANTILES.values())), strict=True):
                 out[q][i] = v
@@ -156,15 +157,19 @@ class DriftReport:
             for name, ms in self.series.items():
                 row = [ms[m][i] if m in ms else None for m in metrics]
                 if any(v is not None for v in row):
-                    w.writerow([step, name, *("" if v is None else repr(v) if isinstance(v, float) else v for v in row), ""])
+                    w.writerow(
+                        [step, name, *("" if v is None else repr(v) if isinstance(v, float) else v for v in row), ""]
+                    )
             for name, vs in self.values.items():
                 if vs[i] is not None:
                     w.writerow([step, name, *([""] * len(metrics)), vs[i]])
         return buf.getvalue()
 
     def text(self) -> str:
-        lines = [f"{self.location}: a run of {len(self.steps)} checkpoints ({self.convention}), steps "
-                 f"{self.steps[0]}..{self.steps[-1]}, {len(self.series)} tensors"]  # fmt: skip
+        lines = [
+            f"{self.location}: a run of {len(self.steps)} checkpoints ({self.convention}), steps "
+            f"{self.steps[0]}..{self.steps[-1]}, {len(self.series)} tensors"
+        ]
         lines += [f"  not a step yet: {name}: {why}" for name, why in self.skipped]
         lines.append(f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}")
         lines += ["  " + a.line() for a in self.anomalies]

@@ -122,8 +122,10 @@ def detect_run(path: str | os.PathLike[str] | Any, pattern: str | None = None) -
     skipped: list[tuple[str, str]] = []
     for step in sorted(found):
         if len(found[step]) > 1:
-            raise DCPStudioError(f"{where}: two checkpoints for step {step} ({', '.join(found[step])}); "
-                                 "pass --pattern to choose one convention")  # fmt: skip
+            raise DCPStudioError(
+                f"{where}: two checkpoints for step {step} ({', '.join(found[step])}); "
+                "pass --pattern to choose one convention"
+            )
         name = found[step][0]
         child = where / name
         try:

@@ -81,7 +81,7 @@ def stream_tensor(
     for i in wanted:
         prev, back2, first = deps[i]
         acc = sums[i] = StepSums()
-        acc.start(prev is not None, back2 is not None, first is not None and first != i)
+        acc.start(prev is not None, first is not None and first != i)
         acc.first = first if first != i else None
         if wants_histogram(name):
             acc.hist = new_histogram()
@@ -103,10 +103,14 @@ def stream_tensor(
             if i in sums:
                 prev, back2, first = deps[i]
                 bad = accumulate(
-                    sums[i], x, start, numel * per, kept.get(prev) if prev is not None else None,
+                    sums[i],
+                    x,
+                    start,
+                    numel * per,
+                    kept.get(prev) if prev is not None else None,
                     kept.get(back2) if back2 is not None else None,
                     kept.get(first) if first is not None and first != i else None,
-                )  # fmt: skip
+                )
             else:
                 bad = not bool(np.isfinite(x).all())
             if last_use.get(i, -1) > i:
@@ -166,4 +170,3 @@ def _quietly(future: Future[np.ndarray]) -> None:
         future.result()
     except BaseException:  # the caller is already unwinding with its own error
         return
-

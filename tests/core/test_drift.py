@@ -1,0 +1,184 @@
+"""A run, not a checkpoint: drift over real tiny training runs (tests/_runs.py), against torch's own
+readers and a float64 torch computation of every series."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dcpstudio.core.errors import DCPStudioError
+from dcpstudio.core.ops.drift import detect_run, drift
+from tests import _runs
+
+LAYER1 = [
+    f"layers.1.{n}"
+    for n in (
+        "attention_norm.weight",
+        "attention_norm.bias",
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "ffn_norm.weight",
+        "ffn_norm.bias",
+        "feed_forward.w1.weight",
+        "feed_forward.w1.bias",
+        "feed_forward.w2.weight",
+        "feed_forward.w2.bias",
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def faulty(training_runs: dict[str, Any]) -> Any:
+    return drift(detect_run(training_runs["faulty"]), cache=False)
+
+
+def _close(got: Any, want: Any, name: str, metric: str, step: int) -> None:
+    where = f"{name} {metric} at step {step}"
+    if want is None or (isinstance(want, float) and math.isnan(want)):
+        assert got is None, f"{where}: {got} instead of nothing"
+        return
+    assert got is not None, f"{where}: missing"
+    assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12 if metric.startswith("cos") else 0.0), (
+        f"{where}: {got} != {want}"
+    )
+
+
+def _compare(report: Any, states: list[dict[str, torch.Tensor]]) -> int:
+    checked = 0
+    for name, want in _runs.reference(states).items():
+        got = report.series[name]
+        for metric, values in want.items():
+            for i, v in enumerate(values):
+                _close(got[metric][i], v, name, metric, report.steps[i])
+                checked += 1
+    return checked
+
+
+def test_faults_found_where_they_are(faulty: Any, training_runs: dict[str, Any]) -> None:
+    """The flipped bit at step 7 (once, not again at its reversal at 8, with the element and file),
+    the layer frozen from step 4 (its parameters and their Adam moments, nothing else), the NaN from
+    step 10, the tensor added at step 9 -- and nothing else in a run of real training."""
+    assert faulty.steps == list(range(1, 13))
+    found = {(a.step, a.entry, a.kind) for a in faulty.anomalies}
+    frozen = {(4, f"model.{n}", "frozen") for n in LAYER1}
+    frozen |= {(4, f"optimizer.state.{n}.{m}", "frozen") for n in LAYER1 for m in ("exp_avg", "exp_avg_sq")}
+    flip = training_runs["flip"]
+    expected = frozen | {
+        (7, flip.entry, "spike"),
+        (10, "model.output.weight", "nonfinite"),
+        (9, "model.extra", "layout"),
+    }
+    assert found == expected, (found - expected, expected - found)
+    (spike,) = [a for a in faulty.anomalies if a.kind == "spike"]
+    assert spike.chunk == f"element [{flip.index // 32}, {flip.index % 32}]: file __0_0.distcp"
+    assert "undone at step 8" in spike.detail
+    (nan,) = [a for a in faulty.anomalies if a.kind == "nonfinite"]
+    assert nan.chunk is not None and nan.chunk.startswith("element [0, 5]")
+    assert faulty.series["model.output.weight"]["nan"] == [0] * 9 + [1, 1, 1]
+
+
+def test_series_equal_a_float64_reference(faulty: Any, training_runs: dict[str, Any]) -> None:
+    """Every series of every tensor of the faulty run (NaN included: the finite values count)
+    equals torch's float64 computation over the tensors dcp.load reads back, within 1e-6."""
+    _, model, opt = training_runs["faulty_trained"][0]
+    states = [_runs.load_titan_step(training_runs["faulty"] / f"step-{s}", model, opt) for s in faulty.steps]
+    assert _compare(faulty, states) > 5000
+
+
+def test_healthy_run_has_no_anomalies(training_runs: dict[str, Any]) -> None:
+    """A Hugging Face Trainer run (safetensors weights, optimizer.pt moments) of healthy training:
+    zero anomalies; its series equal the reference; exp_avg_sq's percentiles within a bin."""
+    if training_runs["healthy"] is None:
+        pytest.skip("safetensors is not installed")
+    run = detect_run(training_runs["healthy"])
+    assert run is not None and run.convention == "hf-trainer"
+    report = drift(run, cache=False)
+    assert report.anomalies == []
+    states = [_runs.load_hf_step(training_runs["healthy"] / f"checkpoint-{s}") for s in report.steps]
+    assert _compare(report, states) > 5000
+    for name in [n for n in states[0] if n.endswith("exp_avg_sq")][:6]:
+        for i, state in enumerate(states):
+            t = state[name].to(torch.float64).reshape(-1)
+            for q, key in ((0.5, "p50"), (0.99, "p99")):
+                want = float(torch.sort(t).values[max(0, math.ceil(q * t.numel()) - 1)])
+                assert report.series[name][key][i] == pytest.approx(want, rel=0.033), (name, key, i)
+            assert report.series[name]["max"][i] == float(t.max())
+
+
+def test_resume_from_the_wrong_checkpoint(training_runs: dict[str, Any]) -> None:
+    """Step 9 resumed from step 3's state: its tensors are found reverted at step 9, and nowhere else."""
+    report = drift(detect_run(training_runs["resumed"]), cache=False)
+    reverted = [a for a in report.anomalies if a.kind == "reverted"]
+    assert {a.step for a in report.anomalies} == {9}
+    weights = [n for n in report.series if n.startswith("model.")]
+    assert len([a for a in reverted if a.entry.startswith("model.")]) >= 0.8 * len(weights)
+    to = collections.Counter(int(re.search(r"to step (\d+)'s", a.detail).group(1)) for a in reverted)  # type: ignore[union-attr]
+    assert set(to) <= {1, 2, 3, 4, 5} and to.most_common(1)[0][0] in (3, 4), to  # W9 = W3 + one step
+
+
+def test_read_once_and_cached(training_runs: dict[str, Any]) -> None:
+    """Every tensor byte of every step is read once; a second run reads nothing; a changed step
+    recomputes itself and the two steps that compare with it, nothing else."""
+    run = detect_run(training_runs["resumed"])
+    assert run is not None
+    first = drift(run)
+    from dcpstudio.core import open_checkpoint
+
+    total = 0
+    for step in run.steps:
+        with open_checkpoint(step.location) as ckpt:
+            total += ckpt.tensor_bytes
+    assert first.read_bytes == total and first.cached_steps == 0
+    again = drift(run)
+    assert again.cached_steps == 12 and again.read_bytes == 0
+    assert again.json() == first.json()
+    data = next(p for p in sorted((training_runs["resumed"] / "step-10").iterdir()) if p.suffix == ".distcp")
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
+    third = drift(run)
+    assert third.cached_steps == 9  # steps 10, 11, 12 compare with step 10
+    assert third.json() == first.json()
+
+
+def _torch_file(path: Path, value: float) -> None:
+    torch.save({"w": torch.full((3,), value)}, path)
+
+
+def test_detect_conventions(tmp_path: Path) -> None:
+    """Lightning's epoch=E-step=S.ckpt files, plain numbers, --pattern; not a run: a checkpoint
+    itself, one step, a folder of other things; two checkpoints for one step refused."""
+    light = tmp_path / "light"
+    light.mkdir()
+    for e, s in ((0, 100), (1, 200), (2, 300)):
+        _torch_file(light / f"epoch={e}-step={s}.ckpt", float(s))
+    (light / "last.ckpt").write_bytes((light / "epoch=2-step=300.ckpt").read_bytes())
+    run = detect_run(light)
+    assert run is not None and run.convention == "lightning" and run.step_numbers == [100, 200, 300]
+    assert drift(run, cache=False).series["w"]["norm"] == pytest.approx([100 * 3**0.5, 200 * 3**0.5, 300 * 3**0.5])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for s in (5, 10, 15):
+        _torch_file(mine / f"weights_at_{s}.bin", float(s))
+    assert detect_run(mine) is None
+    run = detect_run(mine, pattern=r"weights_at_(\d+)\.bin")
+    assert run is not None and run.step_numbers == [5, 10, 15] and run.convention == "pattern"
+    assert detect_run(mine / "weights_at_5.bin") is None
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for s in (2, 1):
+        _torch_file(plain / f"{s}.pt", float(s))
+    (plain / "3").mkdir()
+    (plain / "3" / "__0_0.distcp").write_bytes(b"half written")
+    run = detect_run(plain)
+    assert run is not None and run.step_numbers == [1, 2] and [n for n, _ in run.skipped] == ["3"]
+    _torch_file(plain / "step_2.pt", 2.0)
+    with pytest.raises(DCPStudioError, match="two checkpoints for step 2"):
+        detect_run(plain)
