@@ -48,7 +48,9 @@ def _open_run(qtbot: Any, window: MainWindow, root: Path) -> Any:
 
 
 def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: Path) -> None:
+    minimum = window.minimumSizeHint()
     view = _open_run(qtbot, window, tiny_run)
+    assert window.minimumSizeHint() == minimum  # the Run view fits where the other views do
     report = window.runs.report
     assert window.views.currentWidget() is view
     assert window.ckpt is not None and window.ckpt.path == tiny_run / "step-40"  # the latest step in the tree

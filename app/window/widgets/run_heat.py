@@ -64,7 +64,7 @@ class HeatMap(QWidget):
         self.steps: list[int] = []
         self.changes = np.zeros((0, 0))
         self.widget = pg.PlotWidget(background="w")
-        self.widget.setMinimumHeight(120)
+        self.widget.setMinimumHeight(60)
         item = self.widget.getPlotItem()
         item.setMenuEnabled(False)
         item.hideButtons()

@@ -155,6 +155,8 @@ class RunView(QWidget):
         split.setStretchFactor(1, 2)
         split.setSizes([340, 200])
         lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.setSpacing(4)
         lay.addWidget(self.title)
         lay.addLayout(top)
         lay.addWidget(self.legend)

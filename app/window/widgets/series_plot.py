@@ -51,7 +51,7 @@ class SeriesPlot(QWidget):
         self.log = False
         self._drawn: tuple[list[float], list[float], list[int]] = ([], [], [])
         self.widget = pg.PlotWidget(background="w")
-        self.widget.setMinimumHeight(180)
+        self.widget.setMinimumHeight(80)  # the Run view must not raise the window's minimum
         item = self.widget.getPlotItem()
         item.showGrid(x=True, y=True, alpha=0.25)
         item.setMenuEnabled(False)  # its context menu offers exports and transforms we do not support
@@ -153,11 +153,13 @@ class SeriesPlot(QWidget):
             return
         x = vb.mapSceneToView(pos).x()
         k = min(range(len(xs)), key=lambda j: abs(xs[j] - x))
-        log = self.log
+        y = math.log10(ys[k]) if self.log else ys[k]
         self.hover.setText(f"step {self.steps[where[k]]}\n{self.metric_name} {value_text(ys[k])}")
-        self.hover.setPos(xs[k], math.log10(ys[k]) if log else ys[k])
-        left = xs[k] > (xs[0] + xs[-1]) / 2  # near the right edge the label goes left of the point
-        self.hover.setAnchor((1.05, 1.1) if left else (-0.05, 1.1))
+        self.hover.setPos(xs[k], y)
+        (x0, x1), (y0, y1) = vb.viewRange()
+        left = xs[k] > (x0 + x1) / 2  # the label goes toward the middle of the plot, never off its edge
+        below = y > (y0 + y1) / 2
+        self.hover.setAnchor((1.08 if left else -0.08, -0.15 if below else 1.15))
         self.hover.show()
 
     def hover_text(self) -> str:
