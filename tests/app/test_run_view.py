@@ -113,6 +113,7 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-30", timeout=20_000)
     qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == FROZEN, timeout=5_000)
     assert view.plot.widget.getPlotItem().titleLabel.text == FROZEN and view.position == 2
+    assert view.plot.rings.xData.tolist() == [30.0] and view.plot.marker.value() == 30  # its anomaly, the step
 
     # the heat map: a row per tensor, a column per step, the frozen layer blue-grey from step 30;
     # a click on a cell shows that step with that tensor
