@@ -34,7 +34,7 @@ from .jobs import JobBoard
 from .locations import Location, accept_copy, dropped_locations, is_remote, location, name_of, shown
 from .menus import build_menus, entry_menu, show_in_file_manager
 from .notify import Notifier
-from .run_session import RunSession, detect_local_run
+from .run_session import RunSession
 from .settings import Settings
 from .tree_filter import TreeIndex
 from .widgets.compare_view import CompareView
@@ -181,11 +181,6 @@ class MainWindow(QMainWindow):
         if path is not None:
             self.open_path(path)
 
-    def ask_open_run(self) -> None:
-        path = self.ask_path("Open a run: a folder of checkpoints named by step", True)
-        if path is not None:
-            self.open_path(path, as_run=True)
-
     def ask_open_url(self) -> None:
         url = self.ask_url()
         if url:
@@ -309,9 +304,10 @@ class MainWindow(QMainWindow):
         ``as_run``, refused unless it is one) opens as a run: its latest step in the tree."""
         path = location(path)
         self._pending_open = path
+        detect = self.runs.detector(path, as_run)  # the run at ``path`` or None, asked on the worker
 
         def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex, Any]:
-            run = detect_local_run(path, as_run)
+            run = detect()
             target = run.steps[-1].parts[0][1] if run is not None else path
             ckpt = open_checkpoint(target, trust_pickle=trust_pickle)  # a large DCP's index: in a child, meanwhile
             return ckpt, TreeIndex(ckpt.early_tree(), ckpt.chunk_count), run  # built off the GUI thread

@@ -65,7 +65,7 @@ def build_menus(w: Any) -> dict[str, QAction]:
         file,
         "open_run",
         "Open as R&un…",
-        w.ask_open_run,
+        w.runs.ask_open,
         "Ctrl+Shift+U",
         "A folder of one training run's checkpoints by step: how every tensor moved, and the anomalies",
     )

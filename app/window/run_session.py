@@ -26,25 +26,26 @@ from dcpstudio.core import Checkpoint, DCPStudioError, Node
 from dcpstudio.core.checkpoints.model import printable
 
 from .compare_model import ROW_ROLE
-from .locations import is_remote
+from .locations import is_remote, location
 from .notify import describe
 
 __all__ = ["RunSession", "detect_local_run"]
 
 
-def detect_local_run(path: Any, required: bool) -> Any:
+def detect_local_run(path: Any, required: bool, pattern: str | None = None) -> Any:
     """The run at ``path`` (on the worker that opens it), or None: every local folder opened is
     asked (a listing, no tensor read); with ``required`` (Open as Run) any location, and a folder
-    that is not a run is refused."""
+    that is not a run is refused. ``pattern``: the checkpoints' names (see ``detect_run``)."""
     if not required and (is_remote(path) or not Path(path).is_dir()):
         return None
     from dcpstudio.core.ops.drift.run import detect_run
 
-    run = detect_run(path)
+    run = detect_run(path, pattern)
     if run is None and required:
+        names = f"named by {pattern}" if pattern else "named by step (step-100, checkpoint-500, iter_0001000, …)"
         raise DCPStudioError(
-            f"{path} is not a run: a run folder holds two or more checkpoints named by step "
-            "(step-100, checkpoint-500, iter_0001000, global_step300, 1000, step_1000.pt, …)"
+            f"{path} is not a run: a run folder holds two or more checkpoints {names}; "
+            "File › Open as Run… takes a pattern for other names"
         )
     return run
 
@@ -63,6 +64,32 @@ class RunSession:
         self.report: Any = None
         self.position: int | None = None  # the step the tree shows (and is shaded by)
         self.pending: tuple[str, Callable[[Checkpoint], None]] | None = None  # (location, then)
+        self.patterns: dict[str, str] = {}  # a folder opened as a run -> the names given for its steps
+
+    # -- opening ----------------------------------------------------------------------------------
+    def ask_run(self) -> tuple[str, str | None] | None:
+        """The folder and the names' pattern from File › Open as Run… (tests answer it)."""
+        from .widgets.open_run import OpenRunDialog
+
+        dialog = OpenRunDialog(self.w.settings.last_dir(), self.w)
+        return dialog.choice() if dialog.exec() == OpenRunDialog.DialogCode.Accepted else None
+
+    def ask_open(self) -> None:
+        got = self.ask_run()
+        if got is None:
+            return
+        folder, pattern = got
+        where = location(folder if is_remote(folder) else Path(folder).expanduser())
+        if pattern:
+            self.patterns[str(where)] = pattern
+        else:
+            self.patterns.pop(str(where), None)
+        self.w.open_path(where, as_run=True)
+
+    def detector(self, path: Any, as_run: bool) -> Callable[[], Any]:
+        """What the window's open job calls (on its worker) to find the run at ``path``."""
+        pattern = self.patterns.get(str(path)) if as_run else None
+        return lambda: detect_local_run(path, as_run, pattern)
 
     # -- showing a run ----------------------------------------------------------------------------
     def _make_view(self) -> Any:
@@ -159,7 +186,7 @@ class RunSession:
         prefix = self._prefix(self.position)
         return name[len(prefix) :] if name.startswith(prefix) else None
 
-    def location(self, position: int) -> Any:
+    def step_location(self, position: int) -> Any:
         """What the window opens for the step at ``position``: its first part."""
         return self.run.steps[position].parts[0][1]
 
@@ -168,7 +195,7 @@ class RunSession:
         """The window opened ``ckpt``: shade it if it is a step of the run, do what waited for it."""
         if self.run is None:
             return
-        where = [i for i in range(len(self.run.steps)) if _same(self.location(i), ckpt.path)]
+        where = [i for i in range(len(self.run.steps)) if _same(self.step_location(i), ckpt.path)]
         if not where:
             return
         self.position = where[0]
@@ -181,7 +208,7 @@ class RunSession:
 
     def add_recent(self, path: Path) -> None:
         """Remember ``path`` as opened lately, unless it is a step of the run shown (the run is)."""
-        if self.run is None or not any(_same(self.location(i), path) for i in range(len(self.run.steps))):
+        if self.run is None or not any(_same(self.step_location(i), path) for i in range(len(self.run.steps))):
             self.w.settings.add_recent(path)
 
     def selection_changed(self, node: Node | None) -> None:
@@ -214,7 +241,7 @@ class RunSession:
     # -- what the Run view asks for ---------------------------------------------------------------
     def _open_then(self, position: int, then: Callable[[Checkpoint], None]) -> None:
         """Open the step at ``position`` in the window (unless it is open), then ``then(ckpt)``."""
-        target = self.location(position)
+        target = self.step_location(position)
         ckpt = self.w.ckpt
         if ckpt is not None and _same(ckpt.path, target):
             self.position = position
@@ -237,7 +264,7 @@ class RunSession:
 
     def compare(self, a: int, b: int, name: str) -> None:
         """Compare the step at ``a`` (the window's checkpoint, A) with the one at ``b`` (B), on ``name``."""
-        b_location = self.location(b)
+        b_location = self.step_location(b)
 
         def run(_ckpt: Checkpoint) -> None:
             fqn = self.checkpoint_name(name) or name

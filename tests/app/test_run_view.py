@@ -39,8 +39,10 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _open_run(qtbot: Any, window: MainWindow, root: Path) -> Any:
-    window.open_path(root)
+def _open_run(qtbot: Any, window: MainWindow, root: Path | None) -> Any:
+    """Open ``root`` (None: being opened already) and wait for its report."""
+    if root is not None:
+        window.open_path(root)
     qtbot.waitUntil(lambda: window.runs.view is not None and "drift" in window.jobs, timeout=20_000)
     finish(qtbot, window, "drift")
     assert window.runs.report is not None, window.runs.view.status.text()
@@ -138,16 +140,46 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == name, timeout=5_000)
 
 
-def test_open_as_run_refuses_a_checkpoint_and_the_window_starts_without_pyqtgraph(
-    qtbot: Any, window: MainWindow, tiny_run: Path
+def test_open_as_run_refuses_a_checkpoint_takes_a_pattern_and_the_window_starts_without_pyqtgraph(
+    qtbot: Any, window: MainWindow, tiny_run: Path, tmp_path: Path
 ) -> None:
-    window.ask_path = lambda title, directory: tiny_run / "step-10"  # type: ignore[method-assign]
+    fresh = "pyqtgraph" not in sys.modules  # (another test may have imported it in this process)
+    window.runs.ask_run = lambda: (str(tiny_run / "step-10"), None)  # type: ignore[method-assign]
     window.menu_actions["open_run"].trigger()
     finish(qtbot, window, "open")
     assert "is not a run" in window.message_bar.text(), window.message_bar.text()
-    assert window.runs.view is None and window.ckpt is None
-    if "pyqtgraph" not in sys.modules:  # another test may have imported it in this process
-        assert window.views.count() == 3
+    assert window.runs.view is None and window.ckpt is None and window.views.count() == 3
+    if fresh:
+        assert "pyqtgraph" not in sys.modules
+
+    odd = tmp_path / "odd"  # checkpoints named in no usual way: w10, w20, ...
+    odd.mkdir()
+    for step in STEPS:
+        (odd / f"w{step}").symlink_to(tiny_run / f"step-{step}", target_is_directory=True)
+    window.runs.ask_run = lambda: (str(odd), None)  # type: ignore[method-assign]
+    window.menu_actions["open_run"].trigger()
+    finish(qtbot, window, "open")
+    assert "is not a run" in window.message_bar.text() and window.runs.view is None
+    window.runs.ask_run = lambda: (str(odd), r"w(?P<step>\d+)")  # type: ignore[method-assign]
+    window.menu_actions["open_run"].trigger()
+    view = _open_run(qtbot, window, None)
+    assert [view.steps.item(r, 1).text() for r in range(view.steps.rowCount())] == [f"w{s}" for s in STEPS]
+    assert window.runs.run.convention == "pattern" and window.ckpt.path == odd / "w40"
+
+
+def test_the_open_as_run_dialog_checks_its_pattern(qtbot: Any) -> None:
+    from dcpstudio.window.widgets.open_run import OpenRunDialog, pattern_problem
+
+    assert pattern_problem("") == "" and pattern_problem(r"ckpt_(\d+)") == ""
+    assert "group" in pattern_problem("ckpt_") and "regular expression" in pattern_problem("ckpt_(")
+    dialog = OpenRunDialog("/runs/a")
+    qtbot.addWidget(dialog)
+    ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+    assert ok.isEnabled() and dialog.choice() == ("/runs/a", None)
+    dialog.pattern.setText("ckpt_")
+    assert not ok.isEnabled() and "group" in dialog.problem.text()
+    dialog.pattern.setText(r"ckpt_(?P<step>\d+)")
+    assert ok.isEnabled() and dialog.choice() == ("/runs/a", r"ckpt_(?P<step>\d+)")
 
 
 def test_a_shaded_tree_model_passes_qtmodeltester(qtmodeltester: Any, tiny_run: Path) -> None:
