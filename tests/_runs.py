@@ -137,9 +137,12 @@ def save_titan_run(
     poison: tuple[int, str, int] | None = None,
     extra: tuple[int, str] | None = None,
 ) -> Path:
-    """``root/step-N`` DCP folders, one per step. ``poison=(k, entry, index)``: that element is saved
-    as NaN from step k on; ``extra=(k, entry)``: a new tensor saved from step k on."""
+    """``root/step-N`` DCP folders, one per step, each model weight of two or more dimensions saved
+    as four row chunks (what four FSDP ranks write). ``poison=(k, entry, index)``: that element is
+    saved as NaN from step k on; ``extra=(k, entry)``: a new tensor saved from step k on."""
     import torch.distributed.checkpoint as dcp
+
+    from tests._chunked import split
 
     root.mkdir(parents=True, exist_ok=True)
     for step, model, opt in trained:
@@ -154,8 +157,41 @@ def save_titan_run(
         if extra is not None and step >= extra[0]:
             head, _, rest = extra[1].partition(".")
             state[head][rest] = torch.full((4, 4), float(step))
-        dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
+        boxes = {f"model.{n}": split(tuple(t.shape), {0: _quarters(t.shape[0])}) for n, t in state["model"].items()
+                 if t.dim() >= 2 and t.shape[0] >= 4}  # fmt: skip
+        dcp.save(state, checkpoint_id=str(root / f"step-{step}"), planner=_planner(boxes))
     return root
+
+
+def _planner(boxes: dict[str, Any]) -> Any:
+    """:class:`tests._chunked.ChunkedPlanner` for the boxed tensors, the default plan for the rest
+    (other tensors whole, plain values as byte items)."""
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    from tests._chunked import ChunkedPlanner
+
+    class Planner(ChunkedPlanner):
+        def create_local_plan(self) -> SavePlan:
+            whole = [i for i in super(ChunkedPlanner, self).create_local_plan().items if i.index.fqn not in self.boxes]
+            everything = self.state_dict
+            self.state_dict = {k: v for k, v in everything.items() if k in self.boxes}
+            try:
+                chunked = ChunkedPlanner.create_local_plan(self).items
+            finally:
+                self.state_dict = everything
+            self.plan = SavePlan([*whole, *chunked], planner_data=self.mappings)
+            return self.plan
+
+        def resolve_data(self, write_item: Any) -> Any:
+            if write_item.index.fqn in self.boxes:
+                return ChunkedPlanner.resolve_data(self, write_item)
+            return super(ChunkedPlanner, self).resolve_data(write_item)
+
+    return Planner(boxes)
+
+
+def _quarters(n: int) -> list[int]:
+    return [n * k // 4 for k in (1, 2, 3)]
 
 
 def load_titan_step(folder: Path, model: Tiny, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

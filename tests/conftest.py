@@ -157,7 +157,7 @@ def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     root = tmp_path_factory.mktemp("runs")
     faulty = _runs.train(12, freeze=("layers.1.", 4))
-    flip = _runs.Flip(7, "model.layers.0.attention.wq.weight", 100)
+    flip = _runs.Flip(7, "model.layers.0.attention.wq.weight", 20 * 32 + 4)  # row 20: its third chunk
     out: dict[str, Any] = {
         "faulty": _runs.save_titan_run(
             root / "titan", faulty, flip, poison=(10, "model.output.weight", 5), extra=(9, "model.extra")

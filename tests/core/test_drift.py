@@ -79,10 +79,10 @@ def test_faults_found_where_they_are(faulty: Any, training_runs: dict[str, Any])
     }
     assert found == expected, (found - expected, expected - found)
     (spike,) = [a for a in faulty.anomalies if a.kind == "spike"]
-    assert spike.chunk == f"element [{flip.index // 32}, {flip.index % 32}]: file __0_0.distcp"
+    assert spike.chunk == "element [20, 4]: chunk 3 of 4 (offsets [16, 0]), file __0_0.distcp"
     assert "undone at step 8" in spike.detail
     (nan,) = [a for a in faulty.anomalies if a.kind == "nonfinite"]
-    assert nan.chunk is not None and nan.chunk.startswith("element [0, 5]")
+    assert nan.chunk == "element [0, 5]: chunk 1 of 4 (offsets [0, 0]), file __0_0.distcp"
     assert faulty.series["model.output.weight"]["nan"] == [0] * 9 + [1, 1, 1]
 
 
@@ -182,3 +182,25 @@ def test_detect_conventions(tmp_path: Path) -> None:
     _torch_file(plain / "step_2.pt", 2.0)
     with pytest.raises(DCPStudioError, match="two checkpoints for step 2"):
         detect_run(plain)
+
+
+def test_cancel_stores_nothing(training_runs: dict[str, Any], isolated_cache: Path) -> None:
+    """Cancelled from the progress callback (as the window's Esc does): CancelledError, and no step
+    is cached from the half-done computation."""
+    from dcpstudio.core.errors import CancelledError
+    from dcpstudio.core.progress import CancelToken
+
+    run = detect_run(training_runs["faulty"])
+    token = CancelToken()
+    seen: list[float] = []
+
+    def progress(p: Any) -> None:
+        seen.append(p.fraction)
+        if p.done_bytes > 0:
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        drift(run, progress=progress, cancel=token)
+    assert seen and max(seen) < 1.0
+    stored = [f.read_bytes() for f in isolated_cache.rglob("*") if f.is_file()]
+    assert not [b for b in stored if b"drift sums" in b]

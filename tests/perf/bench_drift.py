@@ -69,13 +69,18 @@ def main() -> None:
     ap.add_argument("--size", default="256MiB", help="bytes per checkpoint")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="where to write the run (default: a temporary folder, removed after)")
+    ap.add_argument("--make", help=argparse.SUPPRESS)  # in a child: this process stays small (peak RSS)
     args = ap.parse_args()
+    if args.make:
+        make_run(Path(args.make), args.steps, _size(args.size))
+        return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench_drift_"))
     run, cache = base / "run", base / "cache"
     try:
         if not run.exists():
             t0 = time.perf_counter()
-            make_run(run, args.steps, _size(args.size))
+            cmd = [sys.executable, __file__, "--make", str(run), "--steps", str(args.steps), "--size", args.size]
+            subprocess.run(cmd, check=True)
             print(f"wrote {args.steps} x {args.size} in {time.perf_counter() - t0:.1f} s: {run}")
         total = sum(f.stat().st_size for f in run.rglob("*") if f.is_file())
         env = {**os.environ, "XDG_CACHE_HOME": str(cache)}

@@ -32,6 +32,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .metrics import StepSums
 
 __all__ = ["SPIKE", "Finding", "find_anomalies"]
@@ -236,58 +238,62 @@ def _frozen(steps: Sequence[int], weights: dict[str, list[StepSums | None]]) -> 
     return out
 
 
-def _distance(a: list[float], b: list[float]) -> float:
-    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b))
+
+
+def _nearest(ss: list[StepSums | None], i: int, exact: bool) -> tuple[float, int] | None:
+    """The step before ``i - 1`` whose sample is nearest step ``i``'s (with ``exact``, only the
+    steps of the very same norm are looked at: equal values have equal sums)."""
+    s = ss[i]
+    assert s is not None
+    older = [
+        j
+        for j in range(i - 1)
+        if (t := ss[j]) is not None and t.sample.shape == s.sample.shape and (not exact or t.norm2 == s.norm2)
+    ]
+    if not older:
+        return None
+    here = s.sample.astype(np.float64)
+    dist = np.linalg.norm(np.stack([ss[j].sample for j in older]) - here, axis=1)  # type: ignore[union-attr]
+    k = int(np.argmin(dist))
+    return float(dist[k]), older[k]
 
 
 def _reverted(
     steps: Sequence[int], weights: dict[str, list[StepSums | None]], flagged: set[tuple[str, int]]
 ) -> list[Finding]:
+    """Distances between samples are computed only for the steps that could qualify: to steps of the
+    same norm (equal values), and to all earlier steps where the change is unusually large -- so a run
+    of many steps costs a pass over its steps, not over all their pairs."""
     out = []
     for name, ss in weights.items():
         d_prev: list[float | None] = [None] * len(ss)
         for i in range(1, len(ss)):
             s, p = ss[i], ss[i - 1]
-            if s is not None and p is not None and s.diff2_prev is not None and len(s.sample) == len(p.sample):
+            if s is not None and p is not None and s.diff2_prev is not None and s.sample.shape == p.sample.shape:
                 d_prev[i] = _distance(s.sample, p.sample)
         typical = _median(d_prev)
         for i in range(2, len(ss)):
             s, dp = ss[i], d_prev[i]
             if s is None or dp is None or not s.diff2_prev:
                 continue
-            best: tuple[float, int] | None = None
-            for j in range(i - 1):
-                t = ss[j]
-                if t is None or len(t.sample) != len(s.sample):
-                    continue
-                d = _distance(s.sample, t.sample)
-                if best is None or d < best[0]:
-                    best = (d, j)
-            if best is None:
+            large = bool(typical) and dp > _LARGE * (typical or 0.0)
+            found = _nearest(ss, i, exact=not large)
+            if found is None:
                 continue
-            d, j = best
+            d, j = found
             if j == i - 2 and (name, i - 1) in flagged:
                 continue  # undoing the fault of step i - 1, reported there
             older = ss[j]
             assert older is not None
-            exact = d == 0.0 and older.norm2 == s.norm2
-            if exact:
-                out.append(
-                    Finding(
-                        i,
-                        name,
-                        "reverted",
-                        f"equal to step {steps[j]}'s values (norm and sampled values), not step {steps[i - 1]}'s",
-                    )
+            if d == 0.0 and older.norm2 == s.norm2:
+                detail = f"equal to step {steps[j]}'s values (norm and sampled values), not step {steps[i - 1]}'s"
+                out.append(Finding(i, name, "reverted", detail))
+            elif large and d < _CLOSER * dp:
+                detail = (
+                    f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values than to step "
+                    f"{steps[i - 1]}'s (sampled)"
                 )
-            elif typical and d < _CLOSER * dp and dp > _LARGE * typical:
-                out.append(
-                    Finding(
-                        i,
-                        name,
-                        "reverted",
-                        f"{dp / max(d, 1e-300):.3g}x closer to step {steps[j]}'s values "
-                        f"than to step {steps[i - 1]}'s (sampled)",
-                    )
-                )
+                out.append(Finding(i, name, "reverted", detail))
     return out

@@ -27,7 +27,7 @@ from .run import RunStep
 __all__ = ["load_step", "step_identity", "store_step"]
 
 _KIND = "drift-step"
-_VERSION = 3
+_VERSION = 4
 
 
 def _files(location: Any) -> list[Any]:

@@ -161,8 +161,8 @@ def drift(
                 )
         for name in names:
             for i, one in enumerate(sums[name]):
-                if one is not None and one.count == 1 and one.sample:
-                    values_rows[i].setdefault(name, one.sample[0])  # a 0-d tensor: its value
+                if one is not None and one.value is not None:
+                    values_rows[i].setdefault(name, one.value)  # a one-element tensor: its value
         layouts = [{name: (e.kind, dtype_name(e.dtype) or "", e.shape) for name, (_, e) in es.items()} for es in opened]
         findings = find_anomalies([s.step for s in run.steps], sums, layouts)
         anomalies = [_anomaly(run, f, opened) for f in findings]

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 SUB = 1 << 13
-SAMPLE = 256
+SAMPLE = 128
 _OCTAVE = 16  # histogram bins per power of two
 _EXP_LO, _EXP_HI = -1100, 1030  # float64 exponents (frexp), subnormals included
 _BINS = (_EXP_HI - _EXP_LO) * _OCTAVE
@@ -71,8 +71,11 @@ class StepSums:
     dot_first: float | None = None
     first: int | None = None  # the index of the step dot_first is with
     vmax: float = -math.inf
-    sample: list[float] = field(default_factory=list)
-    hist: Any = None  # numpy int64 counts over log2 bins, plus zeros in the last slot
+    sample: Any = field(default_factory=list)  # floats while accumulated, then a float32 array (:meth:`finish`)
+    value: float | None = None  # a one-element tensor's value
+    p50: float | None = None  # percentiles of the values, for optimizer second moments
+    p99: float | None = None
+    hist: Any = None  # while accumulated: numpy int64 counts over log2 bins, zeros in the last slot
 
     def start(self, prev: bool, first: bool) -> None:
         if prev:
@@ -80,24 +83,24 @@ class StepSums:
         if first:
             self.dot_first = 0.0
 
+    def finish(self) -> None:
+        """Once every block is in: the sample as a compact array and the histogram as percentiles,
+        so what is kept per tensor and step is about half a kilobyte, however long the run."""
+        self.sample = np.asarray(self.sample, dtype=np.float32)
+        if self.hist is not None:
+            self.p50, self.p99 = percentiles(self.hist, (0.5, 0.99))
+            self.hist = None
+
     def json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "hist"}
-        out["hist"] = None if self.hist is None else _sparse(self.hist)
+        out["sample"] = np.asarray(self.sample, dtype=np.float32).tolist()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepSums:
-        hist = data.pop("hist", None)
         out = cls(**data)
-        if hist is not None:
-            out.hist = np.zeros(_BINS + 1, dtype=np.int64)
-            out.hist[np.asarray(hist[0], dtype=np.int64)] = hist[1]
+        out.sample = np.asarray(out.sample, dtype=np.float32)
         return out
-
-
-def _sparse(hist: Any) -> list[list[int]]:
-    where = np.nonzero(hist)[0]
-    return [where.tolist(), hist[where].tolist()]
 
 
 def as_float64(t: torch.Tensor) -> np.ndarray:
@@ -195,11 +198,13 @@ def accumulate(
                 acc.max_prev, acc.max_prev_at = m, start + s + at
                 if back2 is not None:  # where this step moved most: how far from two steps back
                     acc.back2_at_max = abs(float(xo[at]) - float(back2[0][s + at]))
-        if acc.hist is not None:
-            good = xs if keep is None else xs[keep]
-            if len(good):
-                acc.vmax = max(acc.vmax, float(good.max()))
-            _histogram(acc, good)
+    if numel == 1 and len(x) == 1:
+        acc.value = float(x[0])
+    if acc.hist is not None:
+        good = x[np.isfinite(x)] if acc.nan + acc.inf > bad_before else x
+        if len(good):
+            acc.vmax = max(acc.vmax, float(good.max()))
+        _histogram(acc, good)
     step = max(1, numel // SAMPLE)
     lo = -(-start // step) * step
     hi = min(start + len(x), step * SAMPLE)

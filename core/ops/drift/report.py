@@ -22,12 +22,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import StepSums, percentiles
+from .metrics import StepSums
 
 __all__ = ["METRICS", "Anomaly", "DriftReport", "group_series", "tensor_series"]
 
 METRICS = ("norm", "rel_change", "cos_prev", "cos_first", "max_abs_change", "nan", "inf")
-_QUANTILES = {"p50": 0.5, "p99": 0.99}
+_QUANTILES = ("p50", "p99")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def tensor_series(name: str, sums: list[StepSums | None]) -> dict[str, list[Any]
     """One tensor's metrics, aligned with the run's steps, from its sums at each step."""
     n = len(sums)
     out: dict[str, list[Any]] = {m: [None] * n for m in METRICS}
-    hist = any(s is not None and s.hist is not None for s in sums)
+    hist = any(s is not None and s.p50 is not None for s in sums)
     if hist:
         out.update({q: [None] * n for q in (*_QUANTILES, "max")})
     for i, s in enumerate(sums):
@@ -86,9 +86,8 @@ def tensor_series(name: str, sums: list[StepSums | None]) -> dict[str, list[Any]
         out["cos_first"][i] = (
             _cos(s.dot_first, s.norm2, first_norm2) if s.dot_first is not None else (1.0 if s.norm2 > 0 else None)
         )
-        if hist and s.hist is not None:
-            for q, v in zip(_QUANTILES, percentiles(s.hist, tuple(_QUANTILES.values())), strict=True):
-                out[q][i] = v
+        if hist and s.p50 is not None:
+            out["p50"][i], out["p99"][i] = s.p50, s.p99
             out["max"][i] = s.vmax if s.count and math.isfinite(s.vmax) else None
     return out
 

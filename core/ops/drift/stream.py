@@ -118,6 +118,8 @@ def stream_tensor(
             for j in [j for j in kept if last_use.get(j, -1) <= i]:
                 del kept[j]
             del x
+    for acc in sums.values():
+        acc.finish()
     return sums
 
 
