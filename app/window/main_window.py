@@ -1,10 +1,10 @@
 """The main window: it wires the panes together and owns what they share.
 
-File browser | metadata tree | (Details · Values · Compare) over (Convert · Load on ranks), and one
-message strip in the status bar. Every long operation runs as a :class:`Job` started by the pane
-that needs it, through the :class:`~.context.Context` lent to it; the GUI thread only builds
-widgets from results. Dialogs go through :meth:`choose_destination`, :meth:`save_path`,
-:meth:`ask_path` and :meth:`confirm`, so tests (and scripts) can answer them.
+File browser | metadata tree | (Details · Values · Compare · Run, once a run is open) over
+(Convert · Load on ranks), and one message strip in the status bar. Every long operation runs as a
+:class:`Job` started by the pane that needs it, through the :class:`~.context.Context` lent to it;
+the GUI thread only builds widgets from results. Dialogs go through :meth:`choose_destination`,
+:meth:`save_path`, :meth:`ask_path` and :meth:`confirm`, so tests (and scripts) can answer them.
 """
 
 from __future__ import annotations

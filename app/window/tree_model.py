@@ -10,7 +10,7 @@ matches, while filtering); matching entries are shown bold. Entries a check foun
 (:meth:`CheckpointTreeModel.mark`) and the groups above them carry a warning icon, red text and
 the finding as their tooltip; another checkpoint gets a new model, so the marks go with the old.
 The Run view shades the names by how much each entry changed at a step (:meth:`shade`): a group
-takes the largest change below it.
+by its module's change (all its tensors together) when the run gives one, else the largest below.
 """
 
 from __future__ import annotations
