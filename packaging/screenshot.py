@@ -4,9 +4,12 @@
 - ``explorer.png``: the value explorer on the demo's bf16 embedding, paged to row 40, column 20,
   with its heatmap and histogram;
 - ``compare.png``: the demo checkpoint against a fine-tuned copy in safetensors, sorted by
-  relative L2 change.
+  relative L2 change;
+- ``run.png``: the Run view of a tiny model trained for 12 steps on the CPU (a torchtitan-style
+  ``step-N`` DCP folder per step), one layer frozen from step 8 and one bit flipped in what step 6
+  saved: the tree shaded by step 6's change, the flipped tensor's plot, the anomalies.
 
-xvfb-run -s "-screen 0 1600x1000x24" python packaging/screenshot.py resources/
+xvfb-run -s "-screen 0 1600x1000x24" python packaging/screenshot.py resources/ [run ...]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (1560, 940)
+SHOTS = ("screenshot", "explorer", "compare", "run")  # all, or those named after the folder
 
 
 def _wait(app: Any, done: Callable[[], bool]) -> None:
@@ -108,7 +112,33 @@ def compare(app: Any, demo: Path, demo_pt: Path, tmp: Path, out: Path) -> None:
     window.close()
 
 
-def main(folder: str) -> int:
+def run_view(app: Any, tmp: Path, out: Path) -> None:
+    from tests import _runs
+
+    trained = _runs.train(12, freeze=("layers.2.", 8))
+    name = "model.layers.0.attention.wq.weight"
+    root = _runs.save_titan_run(tmp / "titan_run", trained, flip=_runs.Flip(6, name, 100))
+    window = _window(app, tmp, root)
+    _wait(app, lambda: window.runs.report is not None)
+    view = window.runs.view
+    view.steps.selectRow(5)  # step 6: the tree shows it, shaded by its change
+    _wait(app, lambda: window.ckpt is not None and window.ckpt.path.name == "step-6")
+    window.tree.expandToDepth(2)
+    window.select(name)
+    window.views.setCurrentWidget(view)
+    view.metric_box.setCurrentIndex(view.metric_box.findData("max_abs_change"))  # where the flipped bit shows
+    _wait(app, lambda: view.plot.plotted()[0] != [])
+    from PySide6.QtTest import QTest
+
+    point = view.plot.scene_point(5)
+    if point is not None:  # the hover label of step 6's point
+        QTest.mouseMove(view.plot.widget.viewport(), point.toPoint())
+        _wait(app, lambda: view.plot.hover_text() != "")
+    window.grab().save(str(out))
+    window.close()
+
+
+def main(folder: str, only: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
@@ -120,14 +150,22 @@ def main(folder: str) -> int:
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as settings:
         for fmt in (QSettings.Format.NativeFormat, QSettings.Format.IniFormat):  # never the user's settings
             QSettings.setPath(fmt, QSettings.Scope.UserScope, settings)
-        chunks(app, Path(tmp), where / "screenshot.png")
-        demo_pt, demo = write_demo(Path(tmp) / "demo")
-        explorer(app, demo, where / "explorer.png")
-        compare(app, demo, demo_pt, Path(tmp), where / "compare.png")
-    for name in ("screenshot.png", "explorer.png", "compare.png"):
-        print(where / name)
+        wanted = set(only or SHOTS)
+        if "screenshot" in wanted:
+            chunks(app, Path(tmp), where / "screenshot.png")
+        if wanted & {"explorer", "compare"}:
+            demo_pt, demo = write_demo(Path(tmp) / "demo")
+            if "explorer" in wanted:
+                explorer(app, demo, where / "explorer.png")
+            if "compare" in wanted:
+                compare(app, demo, demo_pt, Path(tmp), where / "compare.png")
+        if "run" in wanted:
+            run_view(app, Path(tmp), where / "run.png")
+    for name in SHOTS:
+        if name in wanted:
+            print(where / f"{name}.png")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "resources"))
+    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "resources", sys.argv[2:]))

@@ -1,10 +1,10 @@
 """The main window: it wires the panes together and owns what they share.
 
-File browser | metadata tree | (Details · Values · Compare) over (Convert · Load on ranks), and one
-message strip in the status bar. Every long operation runs as a :class:`Job` started by the pane
-that needs it, through the :class:`~.context.Context` lent to it; the GUI thread only builds
-widgets from results. Dialogs go through :meth:`choose_destination`, :meth:`save_path`,
-:meth:`ask_path` and :meth:`confirm`, so tests (and scripts) can answer them.
+File browser | metadata tree | (Details · Values · Compare · Run, once a run is open) over
+(Convert · Load on ranks), and one message strip in the status bar. Every long operation runs as a
+:class:`Job` started by the pane that needs it, through the :class:`~.context.Context` lent to it;
+the GUI thread only builds widgets from results. Dialogs go through :meth:`choose_destination`,
+:meth:`save_path`, :meth:`ask_path` and :meth:`confirm`, so tests (and scripts) can answer them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .jobs import JobBoard
 from .locations import Location, accept_copy, dropped_locations, is_remote, location, name_of, shown
 from .menus import build_menus, entry_menu, show_in_file_manager
 from .notify import Notifier
+from .run_session import RunSession
 from .settings import Settings
 from .tree_filter import TreeIndex
 from .widgets.compare_view import CompareView
@@ -52,7 +53,8 @@ from .workers import Job
 
 __all__ = ["MainWindow"]
 
-_CANCELLABLE = ("convert", "verify", "load", "check", "compare", "explore-summary", "explore-export", "explore-copy")
+_CANCELLABLE: tuple[str, ...] = ("convert", "verify", "load", "check", "compare", "drift")
+_CANCELLABLE += ("explore-summary", "explore-export", "explore-copy")
 
 
 class MainWindow(QMainWindow):
@@ -102,6 +104,7 @@ class MainWindow(QMainWindow):
         self.actions_tabs.addTab(self.panel, "Convert")
         self.actions_tabs.addTab(self.load_panel, "Load on ranks")
 
+        self.runs = RunSession(self)  # its Run view (pyqtgraph) is made with the first run shown
         self.views.currentChanged.connect(lambda _: self._follow_selection())
         self.right = WorkArea(self.views, self.actions_tabs, self.settings)
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -182,19 +185,6 @@ class MainWindow(QMainWindow):
         url = self.ask_url()
         if url:
             self.open_path(url)
-
-    def fill_recent(self) -> None:
-        """Recent files, then recent URLs."""
-        self.recent_menu.clear()
-        urls = self.settings.recent_urls()
-        for path in self.settings.recent():
-            action = self.recent_menu.addAction(printable(path))
-            action.triggered.connect(lambda _=False, p=path: self.open_path(Path(p)))
-        if urls and not self.recent_menu.isEmpty():
-            self.recent_menu.addSeparator()
-        for url in urls:
-            action = self.recent_menu.addAction(printable(url))
-            action.triggered.connect(lambda _=False, u=url: self.open_path(u))
 
     def show_view(self, index: int) -> None:
         self.views.setCurrentIndex(index)
@@ -308,15 +298,19 @@ class MainWindow(QMainWindow):
     # -- opening -----------------------------------------------------------------------------------
     _pending_open: Location | None = None
 
-    def open_path(self, path: object, *, trust_pickle: bool = False) -> None:
+    def open_path(self, path: object, *, trust_pickle: bool = False, as_run: bool = False) -> None:
         """Open a local path, or a URL (a string or a RemotePath): read on a worker, which is the
-        only place that may wait for the network."""
+        only place that may wait for the network. A local folder of checkpoints by step (or, with
+        ``as_run``, refused unless it is one) opens as a run: its latest step in the tree."""
         path = location(path)
         self._pending_open = path
+        detect = self.runs.detector(path, as_run)  # the run at ``path`` or None, asked on the worker
 
-        def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex]:
-            ckpt = open_checkpoint(path, trust_pickle=trust_pickle)  # a large DCP's index: in a child, meanwhile
-            return ckpt, TreeIndex(ckpt.early_tree(), ckpt.chunk_count)  # built off the GUI thread
+        def work(progress: Any, cancel: Any) -> tuple[Checkpoint, TreeIndex, Any]:
+            run = detect()
+            target = run.steps[-1].parts[0][1] if run is not None else path
+            ckpt = open_checkpoint(target, trust_pickle=trust_pickle)  # a large DCP's index: in a child, meanwhile
+            return ckpt, TreeIndex(ckpt.early_tree(), ckpt.chunk_count), run  # built off the GUI thread
 
         self.board.start("open", work, lambda result: self._opened(*result))
         self._jobs_changed()
@@ -332,7 +326,7 @@ class MainWindow(QMainWindow):
         if old is not None:
             old.close()
 
-    def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None) -> None:
+    def _opened(self, ckpt: Checkpoint, index: TreeIndex | None = None, run: Any = None) -> None:
         self._replace(ckpt)
         self.tree_pane.show_checkpoint(ckpt, index)
         self.details.follow_index(ckpt, self.selected_node)  # shown from a large DCP's head: the rest, now
@@ -345,11 +339,14 @@ class MainWindow(QMainWindow):
             self.settings.add_recent_url(str(url))
             self.remote_status.show_for(shown(url))
         else:
-            self.settings.add_recent(ckpt.path)
+            self.runs.add_recent(ckpt.path)  # not each step of the run shown
             self.browser.reveal(ckpt.path, expand=ckpt.path.is_dir())
             self.remote_status.show_for(None)
         self.setWindowTitle(f"DCP Studio — {printable(name_of(ckpt.path))}")
         self.message_bar.clear()
+        if run is not None:
+            self.runs.show(run)
+        self.runs.opened(ckpt)
 
     # -- selection ---------------------------------------------------------------------------------
     def selected_node(self) -> Node | None:
@@ -362,6 +359,7 @@ class MainWindow(QMainWindow):
     def _selection_changed(self) -> None:
         self.details.show_selection(self.ckpt, self.selected_node())
         self._follow_selection()
+        self.runs.selection_changed(self.selected_node())
 
     _exploring = False
 

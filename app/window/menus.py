@@ -23,7 +23,10 @@ from .widgets.check_view import check_open
 from .widgets.convert_panel import TARGETS
 from .widgets.message_log import MessageLog
 
-__all__ = ["about_html", "build_menus", "readme_text", "show_about", "show_in_file_manager", "show_readme"]
+__all__ = [
+    *("about_html", "build_menus", "entry_menu", "fill_recent", "readme_text", "show_about"),
+    *("show_in_file_manager", "show_readme"),
+]
 
 
 def _action(parent: QWidget, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "") -> QAction:
@@ -58,8 +61,16 @@ def build_menus(w: Any) -> dict[str, QAction]:
         "Ctrl+L",
         "Open a checkpoint in S3, GCS, Azure, over HTTP or on the Hub",
     )
+    add(
+        file,
+        "open_run",
+        "Open as R&un…",
+        w.runs.ask_open,
+        "Ctrl+Shift+U",
+        "A folder of one training run's checkpoints by step: how every tensor moved, and the anomalies",
+    )
     w.recent_menu = file.addMenu("Open &Recent")
-    w.recent_menu.aboutToShow.connect(w.fill_recent)
+    w.recent_menu.aboutToShow.connect(lambda: fill_recent(w))
     file.addSeparator()
     add(file, "compare", "&Compare With…", w.compare_with, "Ctrl+D", "Compare the open checkpoint with another")
     add(
@@ -76,6 +87,7 @@ def build_menus(w: Any) -> dict[str, QAction]:
     view = bar.addMenu("&View")
     for n, (name, title) in enumerate((("details", "&Details"), ("values", "&Values"), ("compare_tab", "C&ompare")), 1):
         add(view, f"tab_{name}", title, lambda i=n - 1: w.show_view(i), f"Alt+{n}")
+    add(view, "tab_run", "&Run", w.runs.show_view, "Alt+4", "The run open: its steps, plots and anomalies")
     add(view, "explore", "&Explore Values", w.explore_selected, "Ctrl+E", "Page through the selected tensor")
     add(
         view,
@@ -130,6 +142,24 @@ def build_menus(w: Any) -> dict[str, QAction]:
     add(help_menu, "readme", "&Read Me", lambda: show_readme(w), QKeySequence.StandardKey.HelpContents)
     add(help_menu, "about", "&About DCP Studio", lambda: show_about(w))
     return acts
+
+
+def fill_recent(w: Any) -> None:
+    """File › Open Recent of ``w``: recent files and folders, then recent URLs."""
+    from pathlib import Path
+
+    from dcpstudio.core.checkpoints.model import printable
+
+    w.recent_menu.clear()
+    urls = w.settings.recent_urls()
+    for path in w.settings.recent():
+        action = w.recent_menu.addAction(printable(path))
+        action.triggered.connect(lambda _=False, p=path: w.open_path(Path(p)))
+    if urls and not w.recent_menu.isEmpty():
+        w.recent_menu.addSeparator()
+    for url in urls:
+        action = w.recent_menu.addAction(printable(url))
+        action.triggered.connect(lambda _=False, u=url: w.open_path(u))
 
 
 def entry_menu(w: Any, node: Any) -> QMenu:

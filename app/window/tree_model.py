@@ -9,10 +9,13 @@ they are shown. Groups show how many entries, parameters and tensor bytes lie be
 matches, while filtering); matching entries are shown bold. Entries a check found damaged
 (:meth:`CheckpointTreeModel.mark`) and the groups above them carry a warning icon, red text and
 the finding as their tooltip; another checkpoint gets a new model, so the marks go with the old.
+The Run view shades the names by how much each entry changed at a step (:meth:`shade`): a group
+by its module's change (all its tensors together) when the run gives one, else the largest below.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelIndex, Qt
@@ -22,6 +25,7 @@ from dcpstudio.core import Node
 from dcpstudio.core.checkpoints.model import printable
 from dcpstudio.core.ops.report import exact_count, human_bytes, human_count
 
+from .heat import Scale, heat_scale
 from .kinds import value_type
 from .tree_filter import Aggregate, EntryFilter, Selection, TreeIndex
 
@@ -56,6 +60,9 @@ class CheckpointTreeModel(QAbstractItemModel):
         self._parents: dict[int, Node] = {}
         self._rows: dict[int, int] = {}
         self.marks: dict[int, str] = {}  # a damaged entry's or group's node id -> what is wrong
+        self.shades: dict[int, float] = {}  # node id -> its change (a group: the largest below)
+        self.shade_label = ""
+        self.scale: Scale | None = None
 
     # -- marks ------------------------------------------------------------------------------------------
     def mark(self, findings: dict[str, str]) -> None:
@@ -72,6 +79,37 @@ class CheckpointTreeModel(QAbstractItemModel):
                 above = self.tree.parent.get(id(above))
         for node in [*old, *(self.tree.nodes[i] for i in self.marks)]:
             self._repaint(node)
+
+    def shade(
+        self, changes: dict[str, float | None], label: str, groups: dict[str, float | None] | None = None
+    ) -> Scale | None:
+        """Shade the names of the entries in ``changes`` (fqn -> change; None and names the tree
+        lacks are left plain) and of the groups: by ``groups`` (a group's path -> its change: its
+        module's, all its tensors together), else by the largest change below. Earlier shading is
+        replaced; ``label`` says in the tooltips what the number is ("relative change at step 300:").
+        Returns the scale used (None: nothing to shade)."""
+        old = [self.tree.nodes[i] for i in self.shades]
+        self.shades, self.shade_label = {}, label
+        wanted = {k: v for k, v in changes.items() if v is not None}
+        given = {k: v for k, v in (groups or {}).items() if v is not None}
+        for node in self.tree.entries:
+            value = wanted.get(node.entry.fqn) if node.entry is not None else None
+            walk: Node | None = node
+            while value is not None and walk is not None and walk is not self._root:
+                here = self.shades.get(id(walk))
+                if here is not None and (here >= value or math.isnan(here)):
+                    break  # the groups above already hold as much
+                self.shades[id(walk)] = value
+                walk = self.tree.parent.get(id(walk))
+        if given:
+            for node in self.tree.nodes.values():
+                if node.children and node.path in given:
+                    self.shades[id(node)] = given[node.path]
+        shown = {str(k): self.shades[k] for k in self.shades}
+        self.scale = heat_scale(shown) or (Scale(1.0, 1.0) if shown else None)
+        for node in [*old, *(self.tree.nodes[i] for i in self.shades)]:
+            self._repaint(node)
+        return self.scale
 
     def _repaint(self, node: Node) -> None:
         """Repaint ``node``'s row if it is shown (fetched); never fetches rows."""
@@ -287,7 +325,11 @@ class CheckpointTreeModel(QAbstractItemModel):
         if role == Qt.ItemDataRole.FontRole:
             return _BOLD if self.is_match(node) else None
         if role == Qt.ItemDataRole.BackgroundRole:
+            if col == NAME and self.scale is not None and id(node) in self.shades:
+                return self.scale.colour(self.shades[id(node)])
             return _MATCH if col == NAME and self.is_match(node) else None
+        if role == Qt.ItemDataRole.ToolTipRole and id(node) in self.shades:
+            return f"{printable(node.path)}: {self.shade_label} {self.shades[id(node)]:.4g}"
         if role == Qt.ItemDataRole.ToolTipRole:
             if col == PARAMS:
                 return f"{exact_count(self.totals(node).params)} elements"

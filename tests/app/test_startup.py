@@ -39,6 +39,7 @@ while not ("shown" in seen and "torch" in w.jobs) and time.monotonic() < deadlin
     time.sleep(0.005)
 seen["torch_started_after"] = "torch" in w.jobs
 seen["rows"] = w.tree_pane.model.rowCount() if w.tree_pane.model else 0
+seen["pyqtgraph"] = "pyqtgraph" in sys.modules  # the Run view's plots: imported with the first run
 print(json.dumps(seen), flush=True)
 os._exit(0)  # not waiting for torch's import to end
 """
@@ -72,6 +73,7 @@ def test_demo_written_before_shows_its_tree_before_torch_is_imported(
     assert seen["shown"] == str(written[1]) and seen["rows"]
     assert seen["torch_before_tree"] is False
     assert seen["torch_started_after"] is True  # previews and statistics still get it, in the background
+    assert seen["pyqtgraph"] is False
 
 
 def test_a_slow_open_on_the_command_line_shows_its_tree_before_torch_is_imported(

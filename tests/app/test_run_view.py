@@ -1,0 +1,235 @@
+"""The Run view (issue 31): a folder of DCP checkpoints by step opens as a run -- the step list, the
+tree shaded by the step's relative change, the plot of the entry selected (its points are the
+report's), hover values, the anomaly list, and a click on a point at step k comparing steps k-1
+and k on that entry. The run is made here with ``dcp.save`` on one process: four steps of three
+layers, layer 1 frozen from the third step on."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from dcpstudio.window.main_window import MainWindow
+from tests.app.test_window import finish
+
+STEPS = (10, 20, 30, 40)
+FROZEN = "model.layers.1.w"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    root = tmp_path_factory.mktemp("runs") / "run"
+    g = torch.Generator().manual_seed(3)
+    weights = {f"model.layers.{i}.w": torch.randn(12, 8, generator=g) for i in range(3)}
+    for step in STEPS:
+        for name, w in weights.items():
+            if not (name == FROZEN and step >= 30):
+                w.add_(0.01 * torch.randn(w.shape, generator=g))
+        model = {name.split(".", 1)[1]: w.clone() for name, w in weights.items()}
+        dcp.save({"model": model, "step": step}, checkpoint_id=str(root / f"step-{step}"))
+    return root
+
+
+def _open_run(qtbot: Any, window: MainWindow, root: Path | None) -> Any:
+    """Open ``root`` (None: being opened already) and wait for its report."""
+    if root is not None:
+        window.open_path(root)
+    qtbot.waitUntil(lambda: window.runs.view is not None and "drift" in window.jobs, timeout=20_000)
+    finish(qtbot, window, "drift")
+    assert window.runs.report is not None, window.runs.view.status.text()
+    return window.runs.view
+
+
+def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: Path) -> None:
+    minimum = window.minimumSizeHint()
+    view = _open_run(qtbot, window, tiny_run)
+    assert window.minimumSizeHint() == minimum  # the Run view fits where the other views do
+    report = window.runs.report
+    assert window.views.currentWidget() is view
+    assert window.ckpt is not None and window.ckpt.path == tiny_run / "step-40"  # the latest step in the tree
+    assert [view.steps.item(r, 0).text() for r in range(view.steps.rowCount())] == [str(s) for s in STEPS]
+    assert view.steps.item(3, 1).text() == "step-40"
+    assert window.settings.recent()[0] == str(tiny_run)  # File › Open Recent reopens the run, not a step
+
+    # the anomaly list names the frozen layer at its first unchanged step
+    rows = [tuple(view.anomalies.item(r, c).text() for c in range(4)) for r in range(view.anomalies.rowCount())]
+    assert ("30", FROZEN, "frozen") in [r[:3] for r in rows], rows
+    assert view.steps.item(2, 2).text() != ""  # the step's anomaly count
+
+    # the tree is shaded by the latest step's change: the frozen layer blue-grey, the others not
+    from dcpstudio.window.heat import FROZEN as GREY
+
+    model = window.tree_pane.model
+    shade = {n: model.index_of(n).data(Qt.ItemDataRole.BackgroundRole) for n in (FROZEN, "model.layers.0.w")}
+    assert shade[FROZEN] == GREY and shade["model.layers.0.w"] not in (None, GREY)
+    assert "relative change at step 40" in model.index_of(FROZEN).data(Qt.ItemDataRole.ToolTipRole)
+    assert "step 40" in view.legend.text()
+
+    # selecting a tensor plots its series: the points drawn are the report's finite values
+    name = "model.layers.0.w"
+    assert window.select(name)
+    assert view.plot.widget.getPlotItem().titleLabel.text == name
+    want = report.series[name]["rel_change"]
+    xs, ys = view.plot.plotted()
+    assert xs == [float(s) for s, v in zip(STEPS, want, strict=True) if v is not None] and len(xs) == 3
+    assert ys == [v for v in want if v is not None]
+    view.metric_box.setCurrentIndex(view.metric_box.findData("norm"))
+    assert view.plot.plotted()[1] == pytest.approx(report.series[name]["norm"])
+    view.metric_box.setCurrentIndex(view.metric_box.findData("rel_change"))
+    assert window.select("model.layers")  # a group: its module's series
+    assert view.plot.plotted()[1] == [v for v in report.groups["model.layers"]["rel_change"] if v is not None]
+    assert window.select(name)
+
+    # hover: the nearest step's value; a click on the point at step 30 compares steps 20 and 30
+    qtbot.wait(50)  # the plot takes its new range when it is next laid out
+    point = view.plot.scene_point(2)
+    assert point is not None and view.plot.widget.viewport().rect().contains(point.toPoint()), point
+    QTest.mouseMove(view.plot.widget.viewport(), point.toPoint())
+    qtbot.waitUntil(lambda: "step 30" in view.plot.hover_text(), timeout=5_000)
+    assert f"{want[2]:.4g}" in view.plot.hover_text()
+    QTest.mouseClick(view.plot.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                     point.toPoint())  # fmt: skip
+    compare = window.compare_view
+    qtbot.waitUntil(lambda: window.views.currentWidget() is compare, timeout=20_000)
+    finish(qtbot, window, "compare")
+    assert window.ckpt.path == tiny_run / "step-20" and compare.b_path.text() == str(tiny_run / "step-30")
+    qtbot.waitUntil(lambda: compare.selected_fqn() == name, timeout=5_000)
+    row = compare.table.currentIndex().siblingAtColumn(0).data(Qt.ItemDataRole.UserRole + 1)
+    assert row is None or math.isclose(row.rel_l2, want[2], rel_tol=1e-6)
+    assert view.position == 1  # the tree shows step 20, shaded by its change
+    assert "step 20" in window.tree_pane.model.index_of(name).data(Qt.ItemDataRole.ToolTipRole)
+    assert str(tiny_run / "step-20") not in window.settings.recent()  # a step shown, not a file opened
+
+    # activating an anomaly shows its step, its entry selected and plotted
+    row = next(r for r in range(view.anomalies.rowCount()) if view.anomalies.item(r, 2).text() == "frozen")
+    view.anomalies.cellDoubleClicked.emit(row, 1)
+    qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-30", timeout=20_000)
+    qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == FROZEN, timeout=5_000)
+    assert view.plot.widget.getPlotItem().titleLabel.text == FROZEN and view.position == 2
+    assert view.plot.rings.xData.tolist() == [30.0] and view.plot.marker.value() == 30  # its anomaly, the step
+
+    # the heat map: a row per tensor, a column per step, the frozen layer blue-grey from step 30;
+    # a click on a cell shows that step with that tensor
+    heat = view.heat
+    assert heat.names == list(report.series) and heat.changes.shape == (len(report.series), len(STEPS))
+    frozen_row = heat.names.index(FROZEN)
+    assert heat.changes[frozen_row, 2:].tolist() == [0.0, 0.0] and math.isnan(heat.changes[frozen_row, 0])
+    from dcpstudio.window.widgets.run_heat import _on_white
+
+    assert heat.image.image[frozen_row, 3].tolist() == _on_white(GREY.getRgb())[0].tolist()
+    window.views.setCurrentWidget(view)  # the Compare view was shown since
+    view.lists.setCurrentWidget(heat)
+    qtbot.wait(50)
+    row0 = heat.names.index(name)
+    cell = heat.cell_point(row0, 3).toPoint()
+    assert heat.widget.viewport().rect().contains(cell), cell
+    QTest.mouseMove(heat.widget.viewport(), cell)
+    qtbot.waitUntil(lambda: heat.hover_text().startswith(name), timeout=5_000)
+    assert f"step 40: relative change {want[3]:.4g}" in heat.hover_text()
+    QTest.mouseClick(heat.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, cell)
+    qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-40", timeout=20_000)
+    qtbot.waitUntil(lambda: getattr(window.selected_node(), "path", None) == name, timeout=5_000)
+
+
+def test_open_as_run_refuses_a_checkpoint_takes_a_pattern_and_the_window_starts_without_pyqtgraph(
+    qtbot: Any, window: MainWindow, tiny_run: Path, tmp_path: Path
+) -> None:
+    fresh = "pyqtgraph" not in sys.modules  # (another test may have imported it in this process)
+    window.runs.ask_run = lambda: (str(tiny_run / "step-10"), None)  # type: ignore[method-assign]
+    window.menu_actions["open_run"].trigger()
+    finish(qtbot, window, "open")
+    assert "is not a run" in window.message_bar.text(), window.message_bar.text()
+    assert window.runs.view is None and window.ckpt is None and window.views.count() == 3
+    if fresh:
+        assert "pyqtgraph" not in sys.modules
+
+    odd = tmp_path / "odd"  # checkpoints named in no usual way: w10, w20, ...
+    odd.mkdir()
+    for step in STEPS:
+        (odd / f"w{step}").symlink_to(tiny_run / f"step-{step}", target_is_directory=True)
+    window.runs.ask_run = lambda: (str(odd), None)  # type: ignore[method-assign]
+    window.menu_actions["open_run"].trigger()
+    finish(qtbot, window, "open")
+    assert "is not a run" in window.message_bar.text() and window.runs.view is None
+    window.runs.ask_run = lambda: (str(odd), r"w(?P<step>\d+)")  # type: ignore[method-assign]
+    window.menu_actions["open_run"].trigger()
+    view = _open_run(qtbot, window, None)
+    assert [view.steps.item(r, 1).text() for r in range(view.steps.rowCount())] == [f"w{s}" for s in STEPS]
+    assert window.runs.run.convention == "pattern" and window.ckpt.path == odd / "w40"
+
+
+def test_the_open_as_run_dialog_checks_its_pattern(qtbot: Any) -> None:
+    from dcpstudio.window.widgets.open_run import OpenRunDialog, pattern_problem
+
+    assert pattern_problem("") == "" and pattern_problem(r"ckpt_(\d+)") == ""
+    assert "group" in pattern_problem("ckpt_") and "regular expression" in pattern_problem("ckpt_(")
+    dialog = OpenRunDialog("/runs/a")
+    qtbot.addWidget(dialog)
+    ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+    assert ok.isEnabled() and dialog.choice() == ("/runs/a", None)
+    dialog.pattern.setText("ckpt_")
+    assert not ok.isEnabled() and "group" in dialog.problem.text()
+    dialog.pattern.setText(r"ckpt_(?P<step>\d+)")
+    assert ok.isEnabled() and dialog.choice() == ("/runs/a", r"ckpt_(?P<step>\d+)")
+
+
+def test_a_shaded_tree_model_passes_qtmodeltester(qtmodeltester: Any, tiny_run: Path) -> None:
+    from dcpstudio.core import open_checkpoint
+    from dcpstudio.window.tree_model import CheckpointTreeModel
+
+    with open_checkpoint(tiny_run / "step-40") as ckpt:
+        model = CheckpointTreeModel(ckpt.tree)
+        scale = model.shade({"model.layers.0.w": 1e-3, FROZEN: 0.0, "model.layers.2.w": math.inf}, "change")
+        qtmodeltester.check(model)
+        assert scale is not None and (scale.lo, scale.hi) == (1e-3, 1e-3)
+        group = model.index_of("model.layers")
+        assert model.shades[id(model.node(group))] == math.inf  # a group: the largest change below
+
+
+def test_a_damaged_step_is_said_in_the_run_view_and_cancel_stops_the_analysis(
+    qtbot: Any, window: MainWindow, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    import time
+
+    import dcpstudio.core.ops.drift as drift_ops
+
+    damaged = tmp_path / "run"
+    shutil.copytree(tiny_run, damaged)
+    data = next((damaged / "step-20").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:64])
+    window.open_path(damaged)
+    qtbot.waitUntil(lambda: window.runs.view is not None and "drift" in window.jobs, timeout=20_000)
+    finish(qtbot, window, "drift")
+    view = window.runs.view
+    assert window.runs.report is None
+    assert view.status.text().startswith("Not analysed: ") and "past the end" in view.status.text()
+    assert view.status.property("state") == "error" and view.again_button.isEnabled()
+
+    real = drift_ops.drift
+
+    def held(run: Any, *, progress: Any = None, cancel: Any = None) -> Any:
+        def report(p: Any) -> None:  # the first progress report waits for Cancel
+            progress(p)
+            while not cancel.cancelled:
+                time.sleep(0.01)
+
+        return real(run, progress=report, cancel=cancel)
+
+    monkeypatch.setattr(drift_ops, "drift", held)
+    window.open_path(tiny_run)
+    qtbot.waitUntil(lambda: window.runs.run is not None and window.runs.run.location == tiny_run, timeout=20_000)
+    qtbot.waitUntil(lambda: view.cancel_button.isVisible(), timeout=5_000)
+    view.cancel_button.click()
+    finish(qtbot, window, "drift")
+    assert window.runs.report is None and view.status.text() == "Cancelled: nothing was computed."
+    assert not view.cancel_button.isVisible() and view.again_button.isEnabled()
