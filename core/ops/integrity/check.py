@@ -29,6 +29,7 @@ from ...io.remote.locations import as_location
 from ...progress import CancelToken, ProgressCallback, Reporter
 from ...units import plural
 from ..explore.stats import tensor_stats
+from .counts import value_counts
 
 __all__ = ["CheckReport", "Finding", "ValueCounts", "check", "check_path"]
 
@@ -164,9 +165,9 @@ def check(
         try:
             check_entry(ckpt, fqn)
             if values and entry.kind == "tensor":
-                s = tensor_stats(ckpt, fqn, bins=0, cancel=cancel)
-                counts.append(ValueCounts(fqn, s.count, s.nan, s.posinf + s.neginf, s.zeros))
-                bad = [f"{n} {what}" for n, what in ((s.nan, "NaN"), (s.posinf + s.neginf, "Inf")) if n]
+                c = _counts(ckpt, fqn, cancel)
+                counts.append(c)
+                bad = [f"{n} {what}" for n, what in ((c.nan, "NaN"), (c.inf, "Inf")) if n]
                 if bad:
                     report.findings.append(Finding(_file_of(ckpt, fqn), fqn, " and ".join(bad) + " values"))
         except CancelledError:
@@ -182,6 +183,15 @@ def check(
         report.files = len({c.file for fqn in ckpt.entries for c in _chunks(ckpt, fqn) if c.file})
     report.values = counts if values else None
     return report
+
+
+def _counts(ckpt: Checkpoint, fqn: str, cancel: CancelToken | None) -> ValueCounts:
+    """Counted from the bytes in place without torch when it can be, else through torch's stats."""
+    fast = value_counts(ckpt, fqn, cancel=cancel)
+    if fast is not None:
+        return ValueCounts(fqn, fast.count, fast.nan, fast.inf, fast.zeros)
+    s = tensor_stats(ckpt, fqn, bins=0, cancel=cancel)
+    return ValueCounts(fqn, s.count, s.nan, s.posinf + s.neginf, s.zeros)
 
 
 def _chunks(ckpt: Checkpoint, fqn: str) -> list[Any]:
