@@ -28,7 +28,6 @@ from ...formats.safetensors import read_safetensors_header, safetensors_files
 from ...io.remote.locations import as_location
 from ...progress import CancelToken, ProgressCallback, Reporter
 from ...units import plural
-from ..explore.stats import tensor_stats
 from .counts import value_counts
 
 __all__ = ["CheckReport", "Finding", "ValueCounts", "check", "check_path"]
@@ -190,6 +189,8 @@ def _counts(ckpt: Checkpoint, fqn: str, cancel: CancelToken | None) -> ValueCoun
     fast = value_counts(ckpt, fqn, cancel=cancel)
     if fast is not None:
         return ValueCounts(fqn, fast.count, fast.nan, fast.inf, fast.zeros)
+    from ..explore.stats import tensor_stats  # here: torch's path, for what the bytes in place cannot answer
+
     s = tensor_stats(ckpt, fqn, bins=0, cancel=cancel)
     return ValueCounts(fqn, s.count, s.nan, s.posinf + s.neginf, s.zeros)
 
