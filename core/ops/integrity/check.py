@@ -21,7 +21,7 @@ from typing import Any
 from ...checkpoints.dcp.checkpoint import DCPCheckpoint
 from ...checkpoints.model import relative
 from ...checkpoints.opening import Checkpoint, open_checkpoint
-from ...checkpoints.stored import check_entry, data_file_size, stored_ranges
+from ...checkpoints.stored import check_entry, data_file_size, listed_chunks, stored_ranges
 from ...errors import CancelledError, DCPStudioError
 from ...formats.detect import detect_format
 from ...formats.safetensors import read_safetensors_header, safetensors_files
@@ -122,9 +122,31 @@ def _what(e: BaseException, *names: str) -> str:
 def _file_of(ckpt: Checkpoint, fqn: str) -> str:
     try:
         files = {c.file for c in ckpt.chunks(fqn) if c.file}
-    except Exception:
-        return ""
+    except Exception:  # a refused chunk table: the files it lists, as listed
+        files = {c[2] for c in listed_chunks(ckpt, fqn)} if isinstance(ckpt, DCPCheckpoint) else set()
     return ", ".join(sorted(files))
+
+
+def _repeated(ckpt: Checkpoint, fqn: str) -> str:
+    """What a chunk table that lists one region more than once means, or empty: a tensor saved
+    by several ranks without deduplication (torch's planner keeps one rank's copy of a
+    replicated tensor), whose copies torch's ``dcp.load`` does not compare -- it reads the one
+    record the ``.metadata`` keeps for that region."""
+    if not isinstance(ckpt, DCPCheckpoint):
+        return ""
+    seen: dict[tuple[Any, Any], list[str]] = {}
+    for offsets, sizes, file, offset, _ in listed_chunks(ckpt, fqn):
+        seen.setdefault((offsets, sizes), []).append(f"{file}@{offset}")
+    twice = {box: where for box, where in seen.items() if len(where) > 1}
+    if not twice:
+        return ""
+    (offsets, sizes), where = next(iter(twice.items()))
+    more = f" (and {len(twice) - 1} more regions)" if len(twice) > 1 else ""
+    return (
+        f"the region at {list(offsets)} of size {list(sizes)} is listed {len(where)} times{more}: a tensor "
+        f"saved by several ranks without deduplication; dcp.load reads only the copy at {sorted(set(where))[-1]}, "
+        "any other rank's copy is left unread (a diverged replica goes unnoticed)"
+    )
 
 
 def _check_layout(ckpt: DCPCheckpoint, report: CheckReport) -> None:
@@ -139,12 +161,62 @@ def _check_layout(ckpt: DCPCheckpoint, report: CheckReport) -> None:
         at = 0
         for (offset, length), fqn in sorted(items.items()):
             if offset > at:
-                report.findings.append(Finding(name, "", f"bytes {at}-{offset} are named by no entry"))
+                stray = _stray_copy(ckpt, name, at, offset)
+                report.findings.append(Finding(name, stray[0], f"bytes {at}-{offset} are named by no entry{stray[1]}"))
             elif offset < at:
                 report.findings.append(Finding(name, fqn, f"bytes {offset}-{at} are also another item's"))
             at = max(at, offset + length)
         if size > at:
             report.findings.append(Finding(name, "", f"an unexplained tail: bytes {at}-{size} are named by no entry"))
+
+
+def _stray_copy(ckpt: DCPCheckpoint, name: str, start: int, end: int) -> tuple[str, str]:
+    """Whether unnamed bytes are a tensor chunk's archive holding a region some entry lists more
+    than once (another rank's copy, which dcp.load never reads): that entry, and whether its
+    values equal the copy read; else ``("", "")``."""
+    from ...formats.dcp.files import open_chunk
+
+    f = ckpt._files.get(name)
+    label = f"{ckpt.path / name}"
+    try:
+        stray = open_chunk(f, start, end - start, label)
+        raw = stray.raw_offset()
+    except Exception:
+        return "", ""
+    t = stray.tensor
+    if raw is None or raw + t.nbytes > end:
+        return "", ""
+    for fqn, entry in ckpt.entries.items():
+        if entry.kind != "tensor" or entry.dtype is not t.dtype:
+            continue
+        listed = listed_chunks(ckpt, fqn)
+        boxes = [(o, s) for o, s, *_ in listed]
+        for o, s, file, offset, length in listed:
+            if boxes.count((o, s)) < 2 or tuple(s) != tuple(t.shape):
+                continue
+            try:
+                kept = open_chunk(ckpt._files.get(file), offset, length, f"{ckpt.path / file}", fqn)
+                kept_raw = kept.raw_offset()
+                same = kept_raw is not None and _same_range(f, raw, ckpt._files.get(file), kept_raw, t.nbytes)
+            except Exception:
+                return fqn, f": another copy of {fqn!r} at {list(o)}"
+            how = "the same values as" if same else "different values from"
+            return fqn, f": another copy of {fqn!r} at {list(o)}, with {how} the copy dcp.load reads ({file})"
+    return "", ""
+
+
+def _same_range(fa: Any, a: int, fb: Any, b: int, n: int) -> bool:
+    from ...io.raw import read_exact
+
+    step = 16 << 20
+    for at in range(0, n, step):
+        k = min(step, n - at)
+        x, y = bytearray(k), bytearray(k)
+        read_exact(fa, a + at, memoryview(x), "stray copy")
+        read_exact(fb, b + at, memoryview(y), "kept copy")
+        if x != y:
+            return False
+    return True
 
 
 def check(
@@ -174,7 +246,9 @@ def check(
         except (DCPStudioError, ValueError, OSError) as e:
             file = _file_of(ckpt, fqn)
             at = str(ckpt.path / file) if file else str(ckpt.path)
-            report.findings.append(Finding(file, fqn, _what(e, f"{at} ({fqn!r})", at, str(ckpt.path))))
+            what = _what(e, f"{at} ({fqn!r})", at, f"{ckpt.path} ({fqn!r})", str(ckpt.path))
+            repeated = _repeated(ckpt, fqn) if "overlap" in what else ""
+            report.findings.append(Finding(file, fqn, f"{what}; {repeated}" if repeated else what))
         reporter.advance(entry.nbytes if values and entry.kind == "tensor" else 0, current=fqn)
     if isinstance(ckpt, DCPCheckpoint):
         _check_layout(ckpt, report)
