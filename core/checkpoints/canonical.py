@@ -178,7 +178,9 @@ def _torch_source(ckpt: TorchCheckpoint, fqn: str, shape: tuple[int, ...], items
         return None
     f, start = where
     if ref.is_contiguous():
-        return CanonicalSource(shape, itemsize, [_Piece(f, start + ref.byte_offset, (0,) * len(shape), shape, file.label)])
+        return CanonicalSource(
+            shape, itemsize, [_Piece(f, start + ref.byte_offset, (0,) * len(shape), shape, file.label)]
+        )
     strides = tuple(ref.stride)
     if any(s <= 0 for s, n in zip(strides, shape, strict=True) if n > 1):
         return None  # an expanded view: refused by the caller as the torch path refuses it

@@ -76,9 +76,10 @@ def verify(
 ) -> Verification:
     """Compare ``out`` with ``src`` seen through ``transform`` (:func:`~.compare.diff.diff`'s rules and
     tolerances); checkpoints that are bitwise equal are found so without torch first
-    (:func:`~.compare.bitwise.bitwise_equal`: the same report, sooner). A transform that cannot have made ``out`` is refused (``ValueError``): a
-    ``strip_prefix`` for an output that is not safetensors (only that target renames), a prefix
-    that starts no kept name; a selection that keeps nothing is refused as conversion refuses it."""
+    (:func:`~.compare.bitwise.bitwise_equal`: the same report, sooner). A transform that cannot
+    have made ``out`` is refused (``ValueError``): a ``strip_prefix`` for an output that is not
+    safetensors (only that target renames), a prefix that starts no kept name; a selection that
+    keeps nothing is refused as conversion refuses it."""
     transform = transform or Transform()
     with open_checkpoint(src, trust_pickle=trust_pickle) as a, open_checkpoint(out, trust_pickle=trust_pickle) as b:
         p = transform.strip_prefix
@@ -89,7 +90,9 @@ def verify(
             raise ValueError(f"--strip-prefix {p!r} starts no entry of {src}; names look like {next(iter(a.entries))}")
         report = None
         if transform.identity and set(a.entries) == set(b.entries):  # bitwise equal: known without torch
-            reporter = Reporter(progress, cancel, total_bytes=a.tensor_bytes + b.tensor_bytes, total_items=len(a.entries))
+            reporter = Reporter(
+                progress, cancel, total_bytes=a.tensor_bytes + b.tensor_bytes, total_items=len(a.entries)
+            )
             if bitwise_equal(a, b, budget=max(budget, _BITWISE_BUDGET), reporter=reporter):
                 report = DiffReport(str(seen.path), str(b.path), compared=len(a.entries))
         if report is None:

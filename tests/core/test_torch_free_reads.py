@@ -92,7 +92,9 @@ def test_bytes_digests_and_counts_match_the_torch_path(files: dict[str, Path], k
 def _truth(path: Path, ckpt: Any) -> dict[str, torch.Tensor]:
     """Each tensor as torch's own reader gives it."""
     if path.is_dir() and (path / ".metadata").exists():
-        target = {f: torch.empty(e.shape or (), dtype=e.dtype.torch) for f, e in ckpt.entries.items() if e.kind == "tensor"}
+        target = {
+            f: torch.empty(e.shape or (), dtype=e.dtype.torch) for f, e in ckpt.entries.items() if e.kind == "tensor"
+        }
         dcp.load(target, checkpoint_id=str(path), no_dist=True)
         return target
     if path.suffix == ".pt":
