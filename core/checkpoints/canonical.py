@@ -57,6 +57,11 @@ class RawBuffers:
             if len(self._free) < self._keep:
                 self._free.append(buf)
 
+    def clear(self) -> None:
+        """Let the free buffers go (a long-lived process keeps no block memory between runs)."""
+        with self._lock:
+            self._free.clear()
+
 
 class _Piece:
     """Where a box of the tensor lies in place: ``f`` at ``offset``, a row-major array of ``sizes``."""

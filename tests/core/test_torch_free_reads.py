@@ -151,3 +151,18 @@ def test_a_diverged_replica_saved_by_two_ranks_is_named(tmp_path: Path) -> None:
     assert "listed 2 times" in found[("__1_0.distcp", "r")]
     assert "different values from the copy dcp.load reads (__1_0.distcp)" in found[("__0_0.distcp", "r")]
     assert len(report.findings) == 2  # w's shards are whole; no record is called unnamed wrongly
+
+
+def test_check_without_values_reads_no_tensor_data(tmp_path: Path) -> None:
+    """Only archives' directories are read (a torch-written DCP has no manifest to re-hash)."""
+    dcp.save({"w": torch.randn(1024, 1024), "b": torch.zeros(7)}, checkpoint_id=str(tmp_path / "d"), no_dist=True)
+
+    def read_so_far() -> int:
+        return int(Path("/proc/self/io").read_text().split("rchar: ")[1].split()[0])
+
+    before = read_so_far()
+    assert check_path(tmp_path / "d").whole
+    assert read_so_far() - before < (4 << 20) // 8  # the 4 MiB tensor is not read
+    before = read_so_far()
+    assert check_path(tmp_path / "d", values=True).values is not None
+    assert read_so_far() - before >= 4 << 20

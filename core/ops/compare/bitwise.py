@@ -49,6 +49,13 @@ def _same_bytes(x: Any, y: Any) -> bool:
 def bitwise_equal(a: Checkpoint, b: Checkpoint, *, budget: int, reporter: Reporter) -> bool | None:
     """True when ``a`` and ``b`` hold the same entries bit for bit; None otherwise (different, or
     not to be told without torch)."""
+    try:
+        return _bitwise_equal(a, b, budget, reporter)
+    finally:
+        _BUFFERS.clear()
+
+
+def _bitwise_equal(a: Checkpoint, b: Checkpoint, budget: int, reporter: Reporter) -> bool | None:
     if sys.byteorder != "little" or set(a.entries) != set(b.entries):
         return None
     a.tree, b.tree  # noqa: B018 - the whole structure checked first, as the full comparison does

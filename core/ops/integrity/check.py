@@ -28,7 +28,7 @@ from ...formats.safetensors import read_safetensors_header, safetensors_files
 from ...io.remote.locations import as_location
 from ...progress import CancelToken, ProgressCallback, Reporter
 from ...units import plural
-from .counts import value_counts
+from .counts import release_buffers, value_counts
 
 __all__ = ["CheckReport", "Finding", "ValueCounts", "check", "check_path"]
 
@@ -250,6 +250,7 @@ def check(
             repeated = _repeated(ckpt, fqn) if "overlap" in what else ""
             report.findings.append(Finding(file, fqn, f"{what}; {repeated}" if repeated else what))
         reporter.advance(entry.nbytes if values and entry.kind == "tensor" else 0, current=fqn)
+    release_buffers()
     if isinstance(ckpt, DCPCheckpoint):
         _check_layout(ckpt, report)
     else:

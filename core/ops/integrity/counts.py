@@ -21,7 +21,7 @@ from ...checkpoints.canonical import RawBuffers, canonical_source
 from ...io.blocks import BLOCK_BUDGET
 from ...progress import CancelToken
 
-__all__ = ["Counts", "value_counts"]
+__all__ = ["Counts", "release_buffers", "value_counts"]
 
 # bits as unsigned integers: (numpy kind, mask clearing the sign, exponent all ones = Inf, NaN above;
 # None: no infinity, the all-ones pattern under the mask is NaN)
@@ -100,3 +100,8 @@ def value_counts(
         finally:
             _BUFFERS.give(block)
     return out
+
+
+def release_buffers() -> None:
+    """Let the block buffers go once a run is over."""
+    _BUFFERS.clear()

@@ -208,12 +208,15 @@ def digests(
     """Every entry's digest, in the checkpoint's order."""
     reporter = Reporter(progress, cancel, total_bytes=ckpt.tensor_bytes, total_items=len(ckpt.entries))
     out = []
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:
-        for fqn, entry in ckpt.entries.items():
-            reporter.check()
-            if entry.kind == "tensor":
-                out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter, pool=pool))
-            else:
-                out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
-            reporter.advance(0, current=fqn)
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:
+            for fqn, entry in ckpt.entries.items():
+                reporter.check()
+                if entry.kind == "tensor":
+                    out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter, pool=pool))
+                else:
+                    out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
+                reporter.advance(0, current=fqn)
+    finally:
+        _RAW_BUFFERS.clear()
     return out
