@@ -17,6 +17,8 @@ from typing import Any
 from ...checkpoints.base import Checkpoint
 from ...checkpoints.canonical import RawBuffers, canonical_source
 from ...checkpoints.model import dtype_name
+from ...io.blocks import blocks
+from ...io.pipeline import prefetch
 from ...pickles.tree import map_tensors
 from ...progress import Reporter
 from .values import objects_equal
@@ -75,7 +77,9 @@ def _bitwise_equal(a: Checkpoint, b: Checkpoint, budget: int, reporter: Reporter
         sa, sb = canonical_source(a, fqn), canonical_source(b, fqn)
         if sa is None or sb is None:
             return None
-        for x, y in zip(sa.blocks(budget, _BUFFERS), sb.blocks(budget, _BUFFERS), strict=True):
+        ia, ib = sa.blocks(budget, _BUFFERS), sb.blocks(budget, _BUFFERS)
+        count = sum(1 for _ in blocks(sa.shape, sa.itemsize, budget))
+        for _, (x, y) in prefetch(lambda _: (next(ia), next(ib)), range(count)):  # the next pair read meanwhile
             reporter.check()
             same = _same_bytes(x, y)
             reporter.advance(x.nbytes + y.nbytes, items=0, current=fqn)
