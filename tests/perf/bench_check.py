@@ -68,6 +68,8 @@ def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
+
+
 RSS_LIMIT = 300 << 20
 
 

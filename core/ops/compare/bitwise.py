@@ -11,7 +11,9 @@ never differs from the full comparison's, it only comes sooner.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ...checkpoints.base import Checkpoint
@@ -37,6 +39,10 @@ def _no_tensors(value: Any) -> Any:
         raise _HoldsTensor
 
     return map_tensors(value, refuse)
+
+
+def _next(pairs: Iterator[tuple[Any, Any]], _: int) -> tuple[Any, Any]:
+    return next(pairs)
 
 
 def _same_bytes(x: Any, y: Any) -> bool:
@@ -77,9 +83,9 @@ def _bitwise_equal(a: Checkpoint, b: Checkpoint, budget: int, reporter: Reporter
         sa, sb = canonical_source(a, fqn), canonical_source(b, fqn)
         if sa is None or sb is None:
             return None
-        ia, ib = sa.blocks(budget, _BUFFERS), sb.blocks(budget, _BUFFERS)
+        pairs = zip(sa.blocks(budget, _BUFFERS), sb.blocks(budget, _BUFFERS), strict=True)
         count = sum(1 for _ in blocks(sa.shape, sa.itemsize, budget))
-        for _, (x, y) in prefetch(lambda _: (next(ia), next(ib)), range(count)):  # the next pair read meanwhile
+        for _, (x, y) in prefetch(functools.partial(_next, pairs), range(count)):  # the next pair read meanwhile
             reporter.check()
             same = _same_bytes(x, y)
             reporter.advance(x.nbytes + y.nbytes, items=0, current=fqn)
