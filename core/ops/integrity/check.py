@@ -14,6 +14,7 @@ shard.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,24 +312,37 @@ def check_path(
     cancel: CancelToken | None = None,
 ) -> CheckReport:
     """Open ``path`` and :func:`check` it; what opening refuses is a finding (the location's
-    format is detected once; an unknown format is refused as every command refuses it)."""
+    format is detected once; an unknown format is refused as every command refuses it). A local
+    checkpoint's manifest is checked on a thread of its own meanwhile (its files re-hashed: SHA-256
+    releases the GIL), so the hashing and the entries' checks -- with ``values``, a read of every
+    tensor -- take the two cores."""
     p = as_location(path)
     fmt = detect_format(p)
-    report = _check_path(p, fmt, values=values, trust_pickle=trust_pickle, progress=progress, cancel=cancel)
-    if isinstance(p, Path):
-        from .manifests import manifest_findings, read_manifest
-
-        try:
-            manifest = read_manifest(p)
-        except DCPStudioError as e:
-            report.findings.append(Finding("", "", _what(e)))
-        else:
-            if manifest is not None:
-                named = {f.file for f in report.findings}
-                report.findings.extend(
-                    Finding(f, "", what) for f, what in manifest_findings(p, manifest) if f not in named
-                )
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-manifest")
+    try:
+        pending = pool.submit(_manifest_check, p) if isinstance(p, Path) else None
+        report = _check_path(p, fmt, values=values, trust_pickle=trust_pickle, progress=progress, cancel=cancel)
+        found = pending.result() if pending is not None else []
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a cancelled check does not wait for the hashing
+        raise
+    pool.shutdown()
+    named = {f.file for f in report.findings}
+    report.findings.extend(f for f in found if not f.file or f.file not in named)
     return report
+
+
+def _manifest_check(p: Path) -> list[Finding]:
+    """What the checkpoint's manifest finds (none without one; an unreadable one is a finding)."""
+    from .manifests import manifest_findings, read_manifest
+
+    try:
+        manifest = read_manifest(p)
+    except DCPStudioError as e:
+        return [Finding("", "", _what(e))]
+    if manifest is None:
+        return []
+    return [Finding(f, "", what) for f, what in manifest_findings(p, manifest)]
 
 
 def _check_path(
