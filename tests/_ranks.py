@@ -291,6 +291,82 @@ def file_replaced_after_metadata(rank: int, world: int, report: Any, path: str, 
     )
 
 
+_OPENED: list[str] | None = None  # data files opened while a count is on (see data_files_opened)
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and _OPENED is not None and isinstance(args[0], (str, bytes, os.PathLike)):
+        name = os.fsdecode(args[0])
+        if name.endswith(".distcp"):
+            _OPENED.append(os.path.basename(name))
+
+
+def data_files_opened(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """``fn(*args, **kwargs)``, and the ``.distcp`` files opened meanwhile, in order with repeats, as Python's
+    ``open`` audit event reports them (``open()``, ``os.open``, ``pathlib``: whatever reader runs)."""
+    global _OPENED
+    if not getattr(data_files_opened, "hooked", False):
+        import sys
+
+        sys.addaudithook(_audit)  # hooks cannot be removed: one per process, gated by _OPENED
+        data_files_opened.hooked = True  # type: ignore[attr-defined]
+    _OPENED = []
+    try:
+        return fn(*args, **kwargs), _OPENED
+    finally:
+        _OPENED = None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def load_resharded(
+    rank: int, world: int, report: Any, path: str, layout: str, mesh_shape: tuple[int, ...], reference: str
+) -> dict[str, Any]:
+    """torch's own ``dcp.load`` (FileSystemReader, DefaultLoadPlanner) of ``path`` into DTensors of
+    ``layout``: the files each load opens (the whole state dict; its tensors alone), the entries
+    whose values differ from :func:`expected_state_dict`; then torch's ``dcp.save`` of the same
+    DTensors to ``reference``, the layout torch writes for them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from dcpstudio.core import open_checkpoint
+    from dcpstudio.core.pickles.tree import flatten_state_dict
+    from dcpstudio.core.ranks.load import build_target
+
+    mesh = init_device_mesh("cpu", mesh_shape)
+    with open_checkpoint(path) as ckpt:
+        structure = {f: (e.dtype, e.shape) if e.kind == "tensor" else None for f, e in ckpt.entries.items()}
+    want, _ = flatten_state_dict(expected_state_dict())
+    target = build_target(structure, layout, mesh)
+    _, opened = data_files_opened(dcp.load, target, checkpoint_id=path)
+    tensors = build_target({f: s for f, s in structure.items() if s is not None}, layout, mesh)
+    _, tensors_opened = data_files_opened(dcp.load, tensors, checkpoint_id=path)
+    wrong = []
+    for fqn, value in target.items():
+        if isinstance(value, DTensor):
+            same = True
+            for chunk in value.__create_chunk_list__():
+                region = tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
+                expected = want[fqn][region]
+                local = value.to_local()
+                same = same and local.dtype == expected.dtype and torch.equal(_bits(local), _bits(expected))
+            same = same and torch.equal(tensors[fqn].to_local(), value.to_local())
+        else:
+            same = value == want[fqn]
+        if not same:
+            wrong.append(fqn)
+    dcp.save(target, checkpoint_id=reference)
+    return {
+        "opened": sorted(set(opened)),
+        "tensors_opened": sorted(set(tensors_opened)),
+        "wrong": wrong,
+        "opens": len(opened),
+    }
+
+
 class _NoDedupPlanner:
     """A ``DefaultSavePlanner`` that keeps every rank's copy of a replicated tensor (torch's own
     dedups them, keeping one rank's, and refuses overlapping chunks in its global plan -- both

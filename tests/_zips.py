@@ -63,7 +63,7 @@ def torch_records(numel: int, data: bool = False) -> list[Record]:
     first as torch.save writes it; the storage's (``data/0``, zeros) only if ``data``. Made without
     the tensor, so a large one costs nothing."""
     from dcpstudio.core.dtypes import dtype_of
-    from dcpstudio.core.formats.torchsave.archive import TorchSaveWriter
+    from dcpstudio.core.formats.torchsave.writer import TorchSaveWriter
     from dcpstudio.core.pickles.refs import StorageRef, TensorRef
 
     f32 = dtype_of("float32")

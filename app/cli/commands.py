@@ -79,6 +79,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_expansion=args.allow_expansion,
         allow_empty=args.allow_empty,
         dequantize=args.dequantize,
+        manifest=args.manifest,
     )
     named = getattr(args, "named", None)
     to = resolve_target(args.dst, getattr(args, "to", None), named, getattr(args, "max_shard_size", None) is not None)
@@ -96,6 +97,9 @@ def _run_convert(args: argparse.Namespace) -> int:
                 strip_prefix=args.strip_prefix,
                 files=args.files,
                 max_file_size=args.max_file_size,
+                for_ranks=args.for_ranks,
+                layout=args.layout,
+                mesh=args.mesh,
                 **options,
             )
     finally:

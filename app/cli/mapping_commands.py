@@ -10,7 +10,7 @@ from .flags import UsageError
 
 __all__ = ["check_mapping_flags", "run_map_convert", "run_map_verify", "run_mappings"]
 
-_EXCLUSIVE = ("include", "exclude", "dtype", "strip_prefix", "files", "max_file_size")
+_EXCLUSIVE = ("include", "exclude", "dtype", "strip_prefix", "files", "max_file_size", "for_ranks", "layout", "mesh")
 
 
 def check_mapping_flags(args: argparse.Namespace) -> bool:
@@ -52,6 +52,7 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         max_shard_size=getattr(args, "max_shard_size", None),
+        manifest=args.manifest,
         progress=bar,
     )
     if args.dry_run:

@@ -18,6 +18,13 @@ def _add_convert_options(p: argparse.ArgumentParser, dst: str = "destination pat
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     p.add_argument(
+        "--no-manifest",
+        dest="manifest",
+        action="store_false",
+        help="write no manifest (tensor digests and moments, file SHA-256) with the output: faster, "
+        "but check cannot then find a changed byte or a swapped file",
+    )
+    p.add_argument(
         "--trust-pickle",
         action="store_true",
         help="unpickle without restrictions (runs code embedded in the checkpoint; only for files you trust)",
@@ -104,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strip-prefix", metavar="PREFIX", help="safetensors: drop PREFIX from names (e.g. 'model.')")
     p.add_argument("--files", type=int, metavar="N", help="DCP: spread the data over N files")
     p.add_argument("--max-file-size", metavar="SIZE", help="DCP: data files of at most SIZE (5GB, 500MiB)")
+    g = p.add_argument_group("offline resharding (DCP target laid out for a job's ranks)")
+    g.add_argument(
+        "--for-ranks",
+        type=int,
+        metavar="N",
+        help="DCP: lay the output out for N ranks, each rank's chunks in its own file __R_0.distcp",
+    )
+    g.add_argument(
+        "--layout",
+        choices=["replicate", "shard0", "shard1", "fsdp"],
+        help="with --for-ranks: the target layout, as `load` places tensors (default: shard0)",
+    )
+    g.add_argument("--mesh", metavar="SHAPE", help="with --for-ranks: the device mesh, e.g. 2x2 (default: 1-D)")
     _add_mapping(p, convert=True)
     for name, text in (
         ("torch_to_dcp", "torch.save file -> DCP directory (format_utils' argument order)"),

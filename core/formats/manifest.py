@@ -11,10 +11,13 @@ them, or by ``hash``), with the moments of the finite values and the NaN/Inf cou
 two threads. :class:`HashingFile` hashes every byte written to a remote output, in order, while it
 is written: no second pass.
 
-Where it lives: a DCP directory's ``dcpstudio-manifest.json``; a torch.save file's sidecar
-``<file>.manifest.json``; a safetensors file's ``__metadata__["dcpstudio.manifest"]`` (a JSON
-string: safetensors metadata holds strings), with its file recorded by the SHA-256 of its data
-section (the header holds the manifest itself); a sharded safetensors set's index ``metadata``.
+Where it lives: a DCP directory's ``dcpstudio-manifest.json``; a safetensors file's
+``__metadata__["dcpstudio.manifest"]`` (a JSON string: safetensors metadata holds strings), with its
+file recorded by the SHA-256 of its data section (the header holds the manifest itself); a sharded
+safetensors set's index ``metadata``; a torch.save file's own record
+``<archive>/.data/dcpstudio-manifest.json`` (torch's readers ignore records they do not ask for),
+with the file recorded by the SHA-256 of everything before that record (``data_end``). For a
+checkpoint DCP Studio did not write, ``hash --manifest`` writes a sidecar ``<file>.manifest.json``.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from ..io.pipeline import prefetch
 from ..io.raw import FileRange, pread_into
 from .digest import ALGORITHM, PIECE, Moments, TreeHasher, canonical_header, root_digest
 
-__all__ = ["ALGORITHM", "MANIFEST_FILE", "METADATA_KEY", "PIECE", "HashingFile", "Manifest", "TensorTap",
+__all__ = ["ALGORITHM", "MANIFEST_FILE", "METADATA_KEY", "PIECE", "ZIP_RECORD", "HashingFile", "Manifest", "TensorTap",
            "canonical_header", "sidecar_of", "tapped", "tensor_record"]  # fmt: skip
 
 MANIFEST_FILE = "dcpstudio-manifest.json"
 METADATA_KEY = "dcpstudio.manifest"
+ZIP_RECORD = ".data/dcpstudio-manifest.json"  # inside a torch.save archive's folder
 SCHEMA = 1
 _WIDEST = -1.7976931348623157e308  # the longest repr a float64 has: what a reserved header allows for
 

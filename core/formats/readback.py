@@ -7,7 +7,7 @@ four times as long. Here the writer keeps copying in the kernel; once a tensor's
 file, each of its 16 MiB pieces is read back and reduced (SHA-256 and moments, :mod:`.digest`) on
 one of two threads, and a third hashes each file in order for its SHA-256, while the next tensor
 is written and while the file is fsynced (hashlib and numpy release the GIL). Reads go through a
-4 MiB buffer per thread (mapping the pages counted every page of the output in the process's
+1 MiB buffer per thread (mapping the pages counted every page of the output in the process's
 RSS); the writer waits when more than 1 GiB is written but not yet read back, so what is read
 back is still in the page cache and memory stays bounded. What is recorded is what the file holds.
 """
@@ -29,7 +29,7 @@ from .manifest import tensor_record
 
 __all__ = ["ReadBack"]
 
-_READ = 4 << 20
+_READ = 1 << 20
 _LAG = 1 << 30
 _local = threading.local()
 

@@ -132,7 +132,7 @@ def write_demo(directory: Path | None = None, *, overwrite: bool = True) -> tupl
     """Write ``demo.pt`` (torch.save) and ``demo_dcp/`` (DCP) for a first look, and stamp them;
     returns both paths. Our own writers do it, without torch (a first launch of the window shows
     the demo without waiting seconds for torch's import); torch reads both as it reads its own."""
-    from ..formats.torchsave.archive import TorchSaveWriter, archive_name
+    from ..formats.torchsave.writer import TorchSaveWriter, archive_name
     from .convert.convert import torch_save_to_dcp
 
     directory = directory or demo_dir()

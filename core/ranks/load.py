@@ -26,14 +26,13 @@ from ..formats.detect import detect_format
 from ..io.blocks import box_slices
 from ..io.remote.locations import RemotePath
 from ..ops.compare.values import objects_equal
+from ..ops.convert.layouts import LAYOUTS, parse_mesh, shard_dims
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Placement
 
 __all__ = ["LAYOUTS", "RankReport", "build_target", "load_rank", "parse_mesh", "placements"]
-
-LAYOUTS = ("replicate", "shard0", "shard1", "fsdp")
 
 
 @dataclass
@@ -53,34 +52,12 @@ class RankReport:
         return not self.mismatches
 
 
-def parse_mesh(text: str | None, world: int) -> tuple[int, ...]:
-    if not text:
-        return (world,)
-    try:
-        shape = tuple(int(x) for x in text.lower().split("x"))
-    except ValueError as e:
-        raise ValueError(f"invalid mesh {text!r}; use e.g. 4 or 2x2") from e
-    n = 1
-    for s in shape:
-        n *= s
-    if n != world or any(s < 1 for s in shape) or len(shape) > 2:
-        raise ValueError(f"mesh {text} needs {n} ranks and at most 2 dimensions; {world} ranks were asked for")
-    return shape
-
-
 def placements(layout: str, ndim: int, mesh_ndim: int) -> list[Placement]:
-    """Placements of a tensor of ``ndim`` dimensions for ``layout`` on a 1-D or 2-D mesh."""
+    """Placements of a tensor of ``ndim`` dimensions for ``layout`` on a 1-D or 2-D mesh (as
+    :func:`~dcpstudio.core.ops.convert.layouts.shard_dims` gives them: the layouts' one definition)."""
     from torch.distributed.tensor import Replicate, Shard
 
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    if layout == "replicate" or ndim == 0:
-        return [Replicate()] * mesh_ndim
-    if layout == "fsdp":
-        second: Placement = Shard(1) if ndim >= 2 else Replicate()
-        return [Shard(0)] if mesh_ndim == 1 else [Shard(0), second]
-    dim = 1 if layout == "shard1" and ndim >= 2 else 0
-    return [*([Replicate()] * (mesh_ndim - 1)), Shard(dim)]
+    return [Replicate() if d is None else Shard(d) for d in shard_dims(layout, ndim, mesh_ndim)]
 
 
 def build_target(structure: dict[str, Any], layout: str, mesh: DeviceMesh) -> dict[str, Any]:

@@ -87,3 +87,26 @@ def test_a_renamed_safetensors_file_is_still_whole(tmp_path: Path) -> None:
     convert(_source(tmp_path), tmp_path / "s.safetensors", to="safetensors")
     (tmp_path / "s.safetensors").rename(tmp_path / "renamed.safetensors")
     assert check_path(tmp_path / "renamed.safetensors").whole
+
+
+def test_a_torch_save_output_carries_its_manifest_which_torch_ignores(tmp_path: Path) -> None:
+    """DCP -> torch.save: the manifest is a record of the archive (torch.load reads the same
+    tensors), matches a later hash, and check finds a flipped byte in a storage with it."""
+    src = _source(tmp_path)
+    convert(src, tmp_path / "d", manifest=False)
+    assert read_manifest(tmp_path / "d") is None and not (tmp_path / "d" / "dcpstudio-manifest.json").exists()
+    out = tmp_path / "back.pt"
+    convert(tmp_path / "d", out)
+    m = read_manifest(out)
+    assert m is not None and set(m.tensors) == {"a", "b"}
+    loaded = torch.load(out, weights_only=True)
+    assert torch.equal(loaded["a"], torch.load(src)["a"]) and set(loaded) == {"a", "b"}
+    with open_checkpoint(out) as ckpt:
+        assert {d.fqn: d.digest for d in digests(ckpt)} == {n: r["digest"] for n, r in m.tensors.items()}
+    assert check_path(out).whole
+    raw = bytearray(out.read_bytes())
+    at = raw.index(torch.ones(4096).numpy().tobytes()[:64])  # inside b's storage: a reader takes it as it is
+    raw[at + 100] ^= 0x01
+    out.write_bytes(raw)
+    report = check_path(out)
+    assert not report.whole and any("SHA-256" in f.what for f in report.findings), report.text()

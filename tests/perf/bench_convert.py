@@ -83,9 +83,10 @@ def run_python(mode: str, src: Path, dst: Path) -> dict[str, float]:
 
 def run_command(who: str, direction: str, src: Path, dst: Path) -> dict[str, float]:
     """The whole command, from launch to exit (start-up and imports included)."""
-    if who == "ours-cli":
+    if who.startswith("ours"):
         to = {"to_dcp": "dcp", "to_torch": "torch", "to_st": "safetensors"}[direction]
         cmd = [sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), "--to", to, "-q"]
+        cmd += ["--no-manifest"] if who == "ours-nomf-cli" else []
     else:
         name = {"to_dcp": "torch_to_dcp", "to_torch": "dcp_to_torch"}[direction]
         cmd = [sys.executable, "-m", "torch.distributed.checkpoint.format_utils", name, str(src), str(dst)]
@@ -136,7 +137,7 @@ def main() -> int:
     print(f"checkpoint: {actual / 2**30:.2f} GiB, {n_tensors} tensors, largest {largest / 2**20:.1f} MiB, in {work}")
 
     directions = {"to_dcp": src_pt, "to_torch": src_dcp, "to_st": src_dcp}  # to_st: DCP -> safetensors
-    contenders = ["ours", "ours-cli", "cp"] + ([] if args.skip_torch else ["torch", "torch-cli"])
+    contenders = ["ours", "ours-cli", "ours-nomf-cli", "cp"] + ([] if args.skip_torch else ["torch", "torch-cli"])
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for r in range(args.rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
@@ -155,10 +156,11 @@ def main() -> int:
                     res = run_python(f"{who}_{direction}", src, dst)
                 results.setdefault((direction, who), []).append(res)
                 remove(dst)
-                print(f"  round {r + 1} {direction:8} {who:6} {res['wall']:7.2f} s", flush=True)
+                print(f"  round {r + 1} {direction:8} {who:13} {res['wall']:7.2f} s", flush=True)
 
     print()
-    print(f"{'direction':10} {'tool':28} {'wall (median)':>14} {'vs cp+sync':>11} {'peak RSS':>10}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'direction':10} {'tool':32} {'wall (median)':>14} {'vs cp+sync':>11} {'peak RSS':>10}")
     for direction in directions:
         cp_wall = statistics.median(x["wall"] for x in results[(direction, "cp")])
         for who in contenders:
@@ -170,12 +172,13 @@ def main() -> int:
             name = {
                 "ours": "dcpstudio (in-process)",
                 "ours-cli": "dcpstudio (whole command)",
+                "ours-nomf-cli": "dcpstudio --no-manifest (whole)",
                 "cp": "cp + sync",
                 "torch": "format_utils (in-process)",
                 "torch-cli": "format_utils (whole command)",
             }[who]
             rss_text = "-" if rss != rss else f"{rss / 2**20:.0f} MiB"
-            print(f"{direction:10} {name:28} {wall:12.2f} s {wall / cp_wall:10.2f}x {rss_text:>10}")
+            print(f"{direction:10} {name:32} {wall:12.2f} s {wall / cp_wall:10.2f}x {rss_text:>10}")
     if not args.dir:
         shutil.rmtree(work)
     return 0

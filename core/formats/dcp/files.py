@@ -39,7 +39,8 @@ from ...pickles.unpicklers import (
 )
 from ..manifest import MANIFEST_FILE, HashingFile, Manifest, TensorTap, tapped
 from ..readback import ReadBack
-from ..torchsave.archive import CHUNK_MEMBERS, write_archive, write_tensor_archive
+from ..torchsave.archive import CHUNK_MEMBERS
+from ..torchsave.writer import write_archive, write_tensor_archive
 from ..torchsave.zip import FileView, read_zip_records
 from .tiling import check_tiling
 
@@ -52,6 +53,7 @@ __all__ = [
     "read_light_metadata",
     "volume",
     "write_dcp",
+    "write_metadata",
 ]
 
 METADATA_FILE = ".metadata"
@@ -341,10 +343,25 @@ def write_dcp(
         state_dict_metadata[item.fqn] = _record(
             "TensorStorageMetadata", properties=props, size=Size(t.shape), chunks=[chunk]
         )
+    write_metadata(
+        directory, state_dict_metadata, {item.fqn: item.path for item in items}, storage_data, checkpoint_id, manifest
+    )
+
+
+def write_metadata(
+    directory: Path,
+    state_dict_metadata: dict[str, Any],
+    planner_data: dict[str, tuple[str | int, ...]],
+    storage_data: dict[Any, Any],
+    checkpoint_id: str,
+    manifest: Manifest | None = None,
+) -> None:
+    """Write the manifest (if any), then ``.metadata`` -- last: the checkpoint exists from then on --
+    and fsync the directory."""
     metadata = _record(
         "Metadata",
         state_dict_metadata=state_dict_metadata,
-        planner_data={item.fqn: item.path for item in items},
+        planner_data=planner_data,
         storage_data=storage_data,
         storage_meta=_record(
             "StorageMeta", checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), load_id=None, modules=[]

@@ -23,7 +23,7 @@ from ...dtypes import dtype_of
 from ...errors import UnsupportedFormatError
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange, crc32, tensor_buffer
-from ..torchsave.archive import write_tensor_archive
+from ..torchsave.writer import write_tensor_archive
 from .transforms import write_transformed
 
 __all__ = ["DCPWriter", "storage_info"]

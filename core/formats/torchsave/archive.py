@@ -1,4 +1,4 @@
-"""torch.save files, read lazily and written record by record -- without importing torch.
+"""torch.save files read lazily, without importing torch (written by :mod:`.writer`).
 
 Reading (:class:`TorchSaveFile`): the pickle is loaded with weights-only semantics into an object
 tree whose tensors are :class:`~dcpstudio.core.pickles.refs.TensorRef` descriptions; a storage's bytes
@@ -6,21 +6,18 @@ are read only when asked for, straight from its record. Opening a multi-GiB file
 about as much as reading its pickle. Both the ZIP format (torch >= 1.6) and the legacy sequential
 format are read. :func:`dcpstudio.core.pickles.tensor_io.materialize` makes a torch tensor of a ref.
 
-Writing (:class:`TorchSaveWriter`): the pickle goes first, referencing storages by key, then each
-storage's record is appended as its bytes become available, so a whole checkpoint never needs to
-be in memory. Files load with ``torch.load(weights_only=True)``.
+Writing (:class:`~.writer.TorchSaveWriter`): the pickle goes first, referencing storages by key,
+then each storage's record is appended as its bytes become available, so a whole checkpoint never
+needs to be in memory. Files load with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import array
 import io
-import math
 import os
-import sys
-from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 from ...dtypes import DType
 from ...errors import CorruptCheckpointError, MissingClassError, UnsafePickleError, UnsupportedFormatError
@@ -29,22 +26,17 @@ from ...io.raw import FileRange, read_exact, source_of
 from ...io.remote.locations import RemotePath, as_location
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tree import check_depth
-from ...pickles.unpicklers import LazyStorages, TorchPickler, load_torch_pickle
+from ...pickles.unpicklers import LazyStorages, load_torch_pickle
 from .inflated import Inflated
 from .legacy import read_legacy
 from .zip import ZipDirectory, ZipRecord
-from .zip_writer import ZipWriter
 
 __all__ = [
     "CHUNK_MEMBERS",
     "PICKLE_LIMIT",
     "VALUE_LIMIT",
     "TorchSaveFile",
-    "TorchSaveWriter",
-    "archive_name",
     "swap_bytes",
-    "write_archive",
-    "write_tensor_archive",
 ]
 
 PICKLE_LIMIT = 64 << 20  # a deflated data.pkl inflates to at most this (torch.save stores it as it is)
@@ -290,111 +282,3 @@ class TorchSaveFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def archive_name(path: Path) -> str:
-    """The top-level folder torch.save would use inside the archive for ``path``."""
-    stem = path.name.rsplit(".", 1)[0] if "." in path.name[1:] else path.name
-    return stem if stem and stem.isascii() and stem.isprintable() else "archive"
-
-
-class TorchSaveWriter:
-    """Streams a torch.save ZIP archive into ``f``: :meth:`write_pickle`, the storages, :meth:`finish`.
-
-    Tensors in the pickled object are :class:`TensorRef` views of :class:`StorageRef` storages;
-    each distinct storage gets a record key, in order of first use, and its bytes are supplied
-    afterwards (:meth:`write_storage` from memory, :meth:`copy_storage` from another file). Views
-    and shared storages are written as they are, like torch.save. Flushing and closing ``f`` is
-    the caller's business.
-    """
-
-    def __init__(self, f: BinaryIO, archive: str = "archive") -> None:
-        self._zip = ZipWriter(f, archive)
-
-    def write_pickle(self, obj: Any) -> list[tuple[str, StorageRef]]:
-        """Write ``data.pkl``; returns ``(key, storage)`` in key order, each storage once."""
-        order: list[tuple[str, StorageRef]] = []
-        keys: dict[int, str] = {}
-
-        class _Pickler(TorchPickler):
-            def persistent_id(self, o: Any) -> Any:
-                if not isinstance(o, StorageRef):
-                    return None
-                key = keys.get(id(o))
-                if key is None:
-                    key = keys[id(o)] = str(len(keys))
-                    order.append((key, o))
-                return ("storage", o.storage_type, key, "cpu", o.numel)
-
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(obj)
-        self._zip.write("data.pkl", buf.getbuffer())
-        self._zip.write(".format_version", b"1")
-        self._zip.write(".storage_alignment", b"64")
-        self._zip.write("byteorder", sys.byteorder.encode())
-        return order
-
-    def write_storage(self, key: str, data: bytes | bytearray | memoryview, crc: int | None = None) -> None:
-        """Append the record for ``key`` from its bytes."""
-        self._zip.write(f"data/{key}", data, crc)
-
-    def stream_storage(
-        self, key: str, nbytes: int, pieces: Iterable[bytes | bytearray | memoryview], crc: int | None = None
-    ) -> None:
-        """Append the record for ``key`` from its bytes as they come, piece by piece (their
-        ``crc`` when known, so nothing is written out of order)."""
-        self._zip.write_stream(f"data/{key}", nbytes, pieces, crc)
-
-    def copy_storage(self, key: str, src: FileRange, label: str) -> None:
-        """Append the record for ``key`` by copying its bytes from another file in the kernel."""
-        self._zip.copy(f"data/{key}", src, label)
-
-    def finish(self) -> None:
-        """Write the trailing records and the central directory."""
-        self._zip.write("version", b"3\n")
-        self._zip.write(".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())
-        self._zip.close()
-
-
-def write_archive(obj: Any, archive: str = "archive") -> bytes:
-    """A whole torch.save archive of ``obj`` in memory (DCP byte items); the bytes of its tensors'
-    storages come from their archives."""
-    from ...io.raw import crc32
-
-    buf = io.BytesIO()
-    writer = TorchSaveWriter(buf, archive)
-    for key, ref in writer.write_pickle(obj):
-        if ref.archive is None:
-            raise UnsupportedFormatError(f"a tensor in value {archive!r} has no data to write")
-        data = ref.archive.storage_bytes(ref)
-        writer.write_storage(key, data, crc32(data))
-    writer.finish()
-    return buf.getvalue()
-
-
-def write_tensor_archive(
-    f: BinaryIO,
-    dtype: DType,
-    shape: tuple[int, ...],
-    data: FileRange | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
-    *,
-    crc: int | None = None,
-    label: str = "",
-    archive: str = "archive",
-) -> int:
-    """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
-    each tensor chunk -- with its bytes from memory (and their ``crc`` if known), copied from a
-    :class:`FileRange`, or streamed from an iterator of pieces in row-major order (``f`` must then
-    be seekable: the record's CRC is filled in after its bytes). Returns where the bytes start."""
-    numel = math.prod(shape)
-    writer = TorchSaveWriter(f, archive)
-    storage = StorageRef.for_tensor("0", dtype, numel, None)
-    ((key, _),) = writer.write_pickle(TensorRef.contiguous(storage, dtype, shape))
-    if isinstance(data, FileRange):
-        writer.copy_storage(key, data, label)
-    elif isinstance(data, (bytes, bytearray, memoryview)):
-        writer.write_storage(key, data, crc)
-    else:
-        writer.stream_storage(key, storage.nbytes, data, crc)
-    writer.finish()
-    return writer._zip.data_at[f"data/{key}"]

@@ -43,6 +43,7 @@ from .output import (
     write_safetensors_output,
     write_torch_save_output,
 )
+from .reshard import check_rank_options, to_ranks
 from .transform import CASTS, Transform, cast_ref, cast_view
 
 __all__ = [
@@ -119,7 +120,7 @@ def _result(
 
 
 def _to_torch(
-    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool
+    ckpt: Checkpoint, plan: list[_Entry], dst: Path, overwrite: bool, reporter: Reporter, whole: bool, manifest: bool
 ) -> None:
     obj: Any
     if whole and isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None:
@@ -139,7 +140,8 @@ def _to_torch(
                 names[id(t.storage)] = e.fqn
     storages = {id(t.storage): t.storage for t in iter_tensors(obj) if isinstance(t, TensorRef) and t.storage}
     reporter.total_bytes = sum(ref.nbytes for ref in storages.values())
-    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names)
+    tensors = [(e.fqn, e.tensor) for e in plan if isinstance(e.tensor, TensorRef)]
+    write_torch_save_output(dst, overwrite, obj, reporter, str(ckpt.path), names, tensors, manifest)
 
 
 def _to_dcp(
@@ -150,6 +152,7 @@ def _to_dcp(
     reporter: Reporter,
     files: int | None,
     max_file_size: int | None,
+    manifest: bool,
 ) -> None:
     if isinstance(ckpt, TorchCheckpoint) and ckpt.obj is not None and not isinstance(ckpt.obj, dict):
         raise UnsupportedFormatError(
@@ -157,7 +160,15 @@ def _to_dcp(
         )
     items = [DCPItem(e.fqn, e.path, e.tensor, e.value) for e in plan]
     write_dcp_output(
-        dst, overwrite, items, reporter, str(ckpt.path), files=files, max_file_size=max_file_size, source=ckpt.path
+        dst,
+        overwrite,
+        items,
+        reporter,
+        str(ckpt.path),
+        files=files,
+        max_file_size=max_file_size,
+        source=ckpt.path,
+        manifest=manifest,
     )
 
 
@@ -198,6 +209,7 @@ def _to_safetensors(
     max_shard_size: int | None,
     transform: Transform,
     directory: bool,
+    manifest: bool = True,
 ) -> tuple[str, ...]:
     names: dict[str, str] = {}
     tensors: list[tuple[str, TensorRef]] = []
@@ -242,7 +254,9 @@ def _to_safetensors(
         shards[-1].append((name, t))
         size += t.nbytes
     single = max_shard_size is None and not directory
-    write_safetensors_output(dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single)
+    write_safetensors_output(
+        dst, overwrite, shards, metadata, reporter, str(ckpt.path), single_file=single, manifest=manifest
+    )
     return tuple(notes)
 
 
@@ -265,6 +279,10 @@ def convert(
     allow_expansion: bool = False,
     allow_empty: bool = False,
     dequantize: bool = False,
+    manifest: bool = True,
+    for_ranks: int | None = None,
+    layout: str | None = None,
+    mesh: str | None = None,
 ) -> ConversionResult:
     """Convert ``src`` to format ``to`` at ``dst``; by default DCP -> torch.save, torch.save -> DCP,
     safetensors -> DCP. ``include``/``exclude`` select entries by name (regular expressions
@@ -278,7 +296,11 @@ def convert(
     no entry are refused with :class:`EmptySelectionError` unless ``allow_empty``; a pattern that
     matches nothing while others select is warned about (and listed in the result's notes).
     Tensor subclasses (torchao) of a trusted torch.save source are written as their inner tensors
-    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``.
+    (``W.qdata``, ``W.scale``), or with ``dequantize`` as their own ``dequantize()``. A local
+    output carries a manifest of its tensors' digests and moments and its files' SHA-256
+    (:mod:`...formats.manifest`) unless ``manifest`` is False.
+    ``for_ranks`` lays a DCP out for that many ranks, ``layout`` (``load``'s; shard0) on ``mesh``
+    (``"2x2"``; 1-D), each rank's chunks in its own file (:mod:`.reshard`).
 
     ``src`` may be a checkpoint its caller has open (it stays open): the source is located and its
     format detected once, by whoever opens it."""
@@ -287,13 +309,14 @@ def convert(
     dst_p = as_location(dst)
     directory = str(dst).endswith((os.sep, "/"))
     fmt: Format = given.format if given is not None else detect_format(src_p)
-    target = to or ("torch" if fmt == "dcp" else "dcp")
+    target = to or ("torch" if fmt == "dcp" and for_ranks is None else "dcp")
     if target not in _NAMES:
         raise UnsupportedFormatError(f"unknown target format {target!r} (expected dcp, torch or safetensors)")
     if target != "safetensors" and (max_shard_size is not None or strip_prefix is not None):
         raise ValueError("--max-shard-size and --strip-prefix apply to --to safetensors only")
     if target != "dcp" and (files is not None or max_file_size is not None):
         raise ValueError("--files and --max-file-size apply to --to dcp only")
+    rank_mesh = check_rank_options(target, for_ranks, layout, mesh, files, max_file_size)
     if files is not None and files < 1:
         raise ValueError("files must be at least 1")
     file_limit = parse_size(max_file_size) if isinstance(max_file_size, str) else max_file_size
@@ -329,9 +352,11 @@ def convert(
         notes: tuple[str, ...] = ()
         if target == "torch":
             whole = len(plan) == len(ckpt.entries) and dtype is None
-            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole)
+            _to_torch(ckpt, plan, dst_p, overwrite, reporter, whole, manifest)
+        elif rank_mesh is not None:
+            notes = to_ranks(ckpt, plan, transform, dst_p, overwrite, reporter, layout, rank_mesh, manifest)
         elif target == "dcp":
-            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit)
+            _to_dcp(ckpt, plan, dst_p, overwrite, reporter, files, file_limit, manifest)
         else:
             notes = _to_safetensors(
                 ckpt,
@@ -342,6 +367,7 @@ def convert(
                 max_shard_size=shard_limit,
                 transform=transform,
                 directory=directory,
+                manifest=manifest,
             )
     return _result(src_p, dst_p, target, plan, selection_notes + notes, transform)
 

@@ -19,17 +19,15 @@ from typing import Any, Literal
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
 from ...formats.manifest import METADATA_KEY, Manifest
-from ...formats.torchsave.archive import TorchSaveWriter, archive_name
+from ...formats.torchsave.writer import archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file
-from ...io.pipeline import prefetch
-from ...io.raw import FileRange
 from ...io.remote.locations import RemotePath
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
 from .transform import Transform
-from .writers import write_safetensors_file
+from .writers import write_safetensors_file, write_torch_save_file
 
 __all__ = [
     "INDEX_FILE",
@@ -179,28 +177,28 @@ def storage_payload(ref: StorageRef) -> Payload:
 
 
 def write_torch_save_output(
-    dst: Path, overwrite: bool, obj: Any, reporter: Reporter, label: str, names: dict[int, str]
+    dst: Path,
+    overwrite: bool,
+    obj: Any,
+    reporter: Reporter,
+    label: str,
+    names: dict[int, str],
+    tensors: Sequence[tuple[str, TensorRef]] = (),
+    manifest: bool = True,
 ) -> None:
     """Stream ``obj`` as a torch.save file: the pickle, then each storage's record -- copied in
-    the kernel when its bytes lie in place, else written from memory. ``names`` maps a storage's
-    ``id`` to the entry name shown in progress reports."""
+    the kernel when its bytes lie in place, else written from memory -- and, for a local file with
+    ``manifest``, the digests of ``tensors`` (name, tensor) in a record of its own. ``names`` maps a
+    storage's ``id`` to the entry name shown in progress reports."""
+
+    def produce(item: tuple[str, StorageRef]) -> Payload:
+        reporter.check()
+        return storage_payload(item[1])
+
     try:
         with atomic_output(dst, overwrite=overwrite) as tmp, create_file(tmp) as f:
-            writer = TorchSaveWriter(f, archive_name(dst))
-            order = writer.write_pickle(obj)
-
-            def produce(item: tuple[str, StorageRef]) -> Payload:
-                reporter.check()
-                return storage_payload(item[1])
-
-            for (key, ref), data in prefetch(produce, order):
-                name = names.get(id(ref), key)
-                if isinstance(data, FileRange):
-                    writer.copy_storage(key, data, f"{label} ({name})")
-                else:
-                    writer.write_storage(key, data[0], data[1])
-                reporter.advance(ref.nbytes, current=name)
-            writer.finish()
+            local = tmp if manifest and isinstance(tmp, Path) else None
+            write_torch_save_file(f, local, archive_name(dst), obj, tensors, produce, reporter, label, names)
             sync_file(f)
     except OSError as e:
         raise io_error(dst, e) from e
@@ -216,6 +214,7 @@ def write_dcp_output(
     files: int | None = None,
     max_file_size: int | None = None,
     source: Any = None,
+    manifest: bool = True,
 ) -> None:
     """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
     files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
@@ -241,7 +240,7 @@ def write_dcp_output(
                 label=label,
                 files=files,
                 max_file_size=max_file_size,
-                manifest=Manifest(),
+                manifest=Manifest() if manifest else None,
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -256,6 +255,7 @@ def write_safetensors_output(
     label: str,
     *,
     single_file: bool,
+    manifest: bool = True,
 ) -> None:
     """One safetensors file (``single_file``), or a directory of shards with
     ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order."""
@@ -275,9 +275,9 @@ def write_safetensors_output(
                     (tmp / ("model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"), s)
                     for k, s in enumerate(shards, 1)
                 ]
-            whole: Manifest | None = Manifest()
+            whole: Manifest | None = Manifest() if manifest else None
             for path, shard in files:
-                part = write_safetensors_file(path, shard, metadata, produce, reporter, label)
+                part = write_safetensors_file(path, shard, metadata, produce, reporter, label, manifest=manifest)
                 if whole is not None and part is not None:
                     whole.tensors.update(part.tensors)
                     whole.files.update(part.files)

@@ -1,25 +1,28 @@
-"""One safetensors file written with its manifest (:mod:`...formats.manifest`) in its header: the
-bytes copied in the kernel, read back from the page cache on worker threads for each tensor's
-digest and moments and the data section's SHA-256 (:class:`...formats.readback.ReadBack`), and the
-header's reserved room then receives the manifest -- no second pass over the source."""
+"""Single files written with their manifest (:mod:`...formats.manifest`) inside: a safetensors file
+(in its header's reserved room) and a torch.save file (a record of its own before the ZIP
+directory). The bytes are copied in the kernel and read back from the page cache on worker threads
+for each tensor's digest and moments and the file's SHA-256 (:class:`...formats.readback.ReadBack`)
+-- no second pass over the source."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ...dtypes import DType
-from ...formats.manifest import METADATA_KEY, Manifest
+from ...formats.manifest import METADATA_KEY, ZIP_RECORD, Manifest
 from ...formats.readback import ReadBack
 from ...formats.safetensors import SafetensorsWriter
+from ...formats.torchsave.writer import TorchSaveWriter
 from ...io.files import create_file, sync_file
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange
-from ...pickles.refs import TensorRef
+from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload
 from ...progress import Reporter
 
-__all__ = ["write_safetensors_file"]
+__all__ = ["write_safetensors_file", "write_torch_save_file"]
 
 
 def write_safetensors_file(
@@ -29,14 +32,17 @@ def write_safetensors_file(
     produce: Callable[[tuple[str, TensorRef]], Payload],
     reporter: Reporter,
     label: str,
+    *,
+    manifest: bool = True,
 ) -> Manifest | None:
-    """Write ``shard`` to ``path``; the source's ``metadata`` keys are kept and ours added beside
-    (a stale manifest of ours in them is replaced). Returns the file's manifest -- None for a
+    """Write ``shard`` to ``path`` (with its manifest unless not ``manifest``); the source's
+    ``metadata`` keys are kept and ours added beside (a stale manifest of ours in them is
+    replaced). Returns the file's manifest -- None for a
     remote object: its header goes first and an upload cannot seek back to fill it in, and
     knowing the digests before the bytes would take a second pass (``hash --manifest`` writes one)."""
     specs = [(name, t.dtype, t.shape) for name, t in shard]
     kept = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-    if isinstance(path, Path):
+    if manifest and isinstance(path, Path):
         reserve = Manifest.reserve([(n, d.name, tuple(s)) for n, d, s in specs], [path.name])
         return _write_read_back(path, shard, specs, kept, reserve, produce, reporter, label)
     with create_file(path) as f:
@@ -83,3 +89,56 @@ def _write_read_back(
         writer.set_metadata(METADATA_KEY, part.dumps())
         writer.finish()
     return part
+
+
+def write_torch_save_file(
+    f: Any,
+    path: Path | None,
+    archive: str,
+    obj: Any,
+    tensors: Sequence[tuple[str, TensorRef]],
+    produce: Callable[[tuple[str, StorageRef]], Payload],
+    reporter: Reporter,
+    label: str,
+    names: dict[int, str],
+) -> Manifest | None:
+    """Stream ``obj`` into ``f`` as a torch.save file: the pickle, then each storage's record. With
+    ``path`` (a local file: it is read back), the entries of ``tensors`` that are contiguous runs of
+    their storage get their digest and moments and the file its SHA-256 up to the manifest, which
+    goes in a record of its own before the directory; other views are left to ``hash``."""
+    writer = TorchSaveWriter(f, archive)
+    order = writer.write_pickle(obj)
+    by_storage: dict[int, list[tuple[str, TensorRef]]] = {}
+    for fqn, t in tensors:
+        if t.storage is not None and t.is_contiguous():
+            by_storage.setdefault(id(t.storage), []).append((fqn, t))
+    manifest = Manifest() if path is not None else None
+    with ReadBack() as back:
+        file = back.file(path) if path is not None else None
+        for (key, ref), data in prefetch(produce, order):
+            name = names.get(id(ref), key)
+            if isinstance(data, FileRange):
+                writer.copy_storage(key, data, f"{label} ({name})")
+            else:
+                writer.write_storage(key, data[0], data[1])
+            if file is not None and manifest is not None:
+                at = writer.data_at(key)
+                for fqn, t in by_storage.get(id(ref), ()):
+                    where = at + t.storage_offset * t.dtype.itemsize
+                    back.tensor(file, f, where, t.nbytes, t.dtype.name, tuple(t.shape), manifest.tensors, fqn)
+            reporter.advance(ref.nbytes, current=name)
+        if path is None or file is None or manifest is None:
+            writer.finish()
+            return None
+        back.advance(file, f)
+        sync_file(f)  # the data on its way to the disk while it is hashed
+        back.wait()
+        end = f.tell()
+        manifest.files[path.name] = {
+            "data_offset": 0,
+            "data_end": end,
+            "data_sha256": back.records()[path.name]["sha256"],
+        }
+    writer.write_record(ZIP_RECORD, manifest.dumps().encode())
+    writer.finish()
+    return manifest

@@ -20,7 +20,7 @@ from ...checkpoints.opening import Checkpoint
 from ...dtypes import DTYPES, DType
 from ...errors import DCPStudioError, NotATensorError, UnsupportedFormatError
 from ...formats.npy import npy_descr, npy_header
-from ...formats.torchsave.archive import archive_name, write_tensor_archive
+from ...formats.torchsave.writer import archive_name, write_tensor_archive
 from ...io.atomic import atomic_output
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
 from ...io.files import create_file, sync_file

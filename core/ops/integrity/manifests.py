@@ -17,7 +17,7 @@ from typing import Any
 from ...checkpoints.base import Checkpoint
 from ...checkpoints.model import dtype_name
 from ...errors import CorruptCheckpointError, DCPStudioError
-from ...formats.manifest import METADATA_KEY, Manifest, TensorTap, sidecar_of
+from ...formats.manifest import METADATA_KEY, ZIP_RECORD, Manifest, TensorTap, sidecar_of
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
 from .digests import _little, value_digest
 
@@ -43,7 +43,32 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest | None:
     if p.is_file() and p.suffix == ".safetensors":
         text = _header_manifest(p)
         return Manifest.loads(text, str(p)) if isinstance(text, str) else None
+    if p.is_file():
+        text = _zip_manifest(p)
+        return Manifest.loads(text, str(p)) if isinstance(text, str) else None
     return None
+
+
+def _zip_manifest(p: Path) -> str | None:
+    """Our record in a torch.save archive (under whatever folder it was written), read alone."""
+    from ...formats.torchsave.zip import ZipDirectory
+
+    with open(p, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return None
+        try:
+            directory = ZipDirectory(f, str(p))
+            rec = directory.find([directory.prefix + ZIP_RECORD]).get(directory.prefix + ZIP_RECORD)
+        except DCPStudioError:
+            return None
+        if rec is None or not rec.stored or rec.size > 256 << 20:
+            return None
+        f.seek(rec.data_offset)
+        data = f.read(rec.size)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _header_manifest(p: Path) -> str | None:
@@ -61,13 +86,15 @@ def _header_manifest(p: Path) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _sha256(path: Path, start: int = 0) -> str:
+def _sha256(path: Path, start: int = 0, end: int | None = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
         f.seek(start)
+        left = -1 if end is None else end - start
         buf = memoryview(bytearray(_PIECE))
-        while n := f.readinto(buf):
+        while left and (n := f.readinto(buf if left < 0 else buf[: min(_PIECE, left)])):
             h.update(buf[:n])
+            left -= n if left > 0 else 0
     return h.hexdigest()
 
 
@@ -88,11 +115,13 @@ def manifest_findings(path: str | os.PathLike[str], manifest: Manifest) -> list[
             found.append((name, "listed in the manifest but missing"))
             continue
         size = f.stat().st_size
-        if size != rec.get("size"):
-            found.append((name, f"{size} bytes, the manifest says {rec.get('size')} (replaced or cut?)"))
+        end = rec.get("data_end")
+        if ("size" in rec and size != rec["size"]) or (end is not None and size < end):
+            said = rec.get("size", f"at least {end}")
+            found.append((name, f"{size} bytes, the manifest says {said} (replaced or cut?)"))
             continue
         want = rec.get("sha256") or rec.get("data_sha256")
-        got = _sha256(f, int(rec.get("data_offset", 0)))
+        got = _sha256(f, int(rec.get("data_offset", 0)), None if end is None else int(end))
         if got != want:
             other = shas.get(got)
             why = (

@@ -139,6 +139,7 @@ def map_convert(
     overwrite: bool = False,
     trust_pickle: bool = False,
     max_shard_size: int | str | None = None,
+    manifest: bool = True,
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> MappedConversion:
@@ -167,6 +168,7 @@ def map_convert(
                 to=target,
                 overwrite=overwrite,
                 max_shard_size=max_shard_size,
+                manifest=manifest,
                 progress=progress,
                 cancel=cancel,
             )
