@@ -2,7 +2,8 @@
 
 Importing it does not import torch (seconds): reading structure and moving bytes need none. The
 names built on torch's DCP classes -- :class:`DCPReader`, :class:`DCPWriter`, :func:`read_metadata`,
-:class:`SafeLoadPlanner`, :class:`LazySavePlanner` -- are imported on first use.
+:class:`SafeLoadPlanner`, :class:`LazySavePlanner` -- and the operations (:func:`convert`,
+:func:`diff`, :func:`tensor_stats` ...) are imported on first use, so a command loads only its own.
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .formats.detect import detect_format
-from .ops.compare.diff import DiffReport, EntryComparison, compare, diff
-from .ops.convert.convert import ConversionResult, convert, dcp_to_torch_save, torch_save_to_dcp
-from .ops.explore.extract import ExportResult, export_tensor
-from .ops.explore.stats import TensorStats, tensor_stats
 from .progress import CancelToken, Progress
 
 __all__ = [
@@ -75,11 +72,28 @@ _LAZY = {
     "read_metadata": "formats.dcp.storage",
     "LazySavePlanner": "formats.dcp.planners",
     "SafeLoadPlanner": "formats.dcp.planners",
+    # the operations: a command imports only the one it runs (start-up time)
+    "DiffReport": "ops.compare.diff",
+    "EntryComparison": "ops.compare.diff",
+    "compare": "ops.compare.diff",
+    "diff": "ops.compare.diff",
+    "ConversionResult": "ops.convert.convert",
+    "convert": "ops.convert.convert",
+    "dcp_to_torch_save": "ops.convert.convert",
+    "torch_save_to_dcp": "ops.convert.convert",
+    "ExportResult": "ops.explore.extract",
+    "export_tensor": "ops.explore.extract",
+    "TensorStats": "ops.explore.stats",
+    "tensor_stats": "ops.explore.stats",
 }
 
 if TYPE_CHECKING:
     from .formats.dcp.planners import LazySavePlanner, SafeLoadPlanner
     from .formats.dcp.storage import DCPReader, DCPWriter, read_metadata
+    from .ops.compare.diff import DiffReport, EntryComparison, compare, diff
+    from .ops.convert.convert import ConversionResult, convert, dcp_to_torch_save, torch_save_to_dcp
+    from .ops.explore.extract import ExportResult, export_tensor
+    from .ops.explore.stats import TensorStats, tensor_stats
 
 
 def __getattr__(name: str) -> Any:

@@ -365,3 +365,39 @@ def load_resharded(
         "wrong": wrong,
         "opens": len(opened),
     }
+
+
+class _NoDedupPlanner:
+    """A ``DefaultSavePlanner`` that keeps every rank's copy of a replicated tensor (torch's own
+    dedups them, keeping one rank's, and refuses overlapping chunks in its global plan -- both
+    skipped here): what a custom planner, or two jobs writing into one directory, leave behind."""
+
+    def __new__(cls) -> Any:
+        import torch.distributed.checkpoint.default_planner as planner
+
+        class NoDedup(planner.DefaultSavePlanner):
+            def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
+                return all_plans
+
+        planner._validate_global_plan = lambda *args: []  # type: ignore[attr-defined] # this process only
+        return NoDedup()
+
+
+def _save_divergent_worker(rank: int, world: int, report: Any, out: str) -> None:
+    """Every rank saves ``r``, a replicated DTensor whose replicas diverged (each rank's own
+    values), undeduplicated, and a row-sharded ``w``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    r = DTensor.from_local(torch.full((4, 4), float(rank + 1)), mesh, [Replicate()], run_check=False)
+    sd = {"r": r, "w": distribute_tensor(torch.arange(24.0).reshape(6, 4), mesh, [Shard(0)])}
+    dcp.save(sd, checkpoint_id=out, planner=_NoDedupPlanner())
+
+
+def save_divergent_replica(out: Path, world: int = 2, timeout: float = 120.0) -> None:
+    """A DCP in which replicated ``r`` was written by every rank with different values."""
+    from dcpstudio.core.ranks.launch import launch
+
+    launch(_save_divergent_worker, (str(out),), nprocs=world, timeout=timeout)

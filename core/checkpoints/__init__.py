@@ -1,4 +1,6 @@
-"""One module per kind of checkpoint, each behind the :class:`~.base.Checkpoint` model."""
+"""One module per kind of checkpoint, each behind the :class:`~.base.Checkpoint` model;
+:mod:`.canonical` reads any kind's tensor bytes in place without torch (hash, value counts,
+bitwise comparison)."""
 
 from __future__ import annotations
 

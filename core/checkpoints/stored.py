@@ -16,7 +16,7 @@ from .dcp.checkpoint import DCPCheckpoint
 from .dcp.metadata import check_stored
 from .dcp.nested import NestedDCPCheckpoint
 
-__all__ = ["check_entry", "data_file_size", "stored_ranges"]
+__all__ = ["check_entry", "data_file_size", "listed_chunks", "stored_ranges"]
 
 _SLACK = 1 << 20  # an archive's own records around a chunk's elements
 
@@ -46,19 +46,30 @@ def check_entry(ckpt: Checkpoint, fqn: str) -> None:
         check_stored(open_chunk(f, offset, length, label, fqn).tensor, entry, c, label)
 
 
+def listed_chunks(ckpt: DCPCheckpoint, fqn: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, int, int]]:
+    """``(offsets, sizes, file, offset, length)`` of each chunk the ``.metadata`` lists for ``fqn``
+    with a storage record, as listed -- not checked to tile the tensor (what a refused chunk table
+    holds, to name its files); empty when the listing itself is unreadable."""
+    try:
+        rows = ckpt._storage().chunks(fqn)
+    except Exception:
+        return []
+    return [(o, s, info.file, info.offset, info.length) for o, s, info in rows if info is not None]
+
+
 def stored_ranges(ckpt: DCPCheckpoint) -> dict[str, dict[tuple[int, int], str]]:
     """Each data file's stored items: ``{file: {(offset, length): fqn}}``, every item once (the
-    entries of an unflattened byte item share its range). Entries whose chunk table is refused
-    are left out: :func:`check_entry` names them."""
+    entries of an unflattened byte item share its range). An entry whose chunk table is refused
+    (:func:`check_entry` names it) still names the records it lists."""
     out: dict[str, dict[tuple[int, int], str]] = {}
     for fqn in ckpt.entries:
         try:
-            chunks = ckpt.chunks(fqn)
+            listed = [(c.file, c.offset or 0, c.length or 0) for c in ckpt.chunks(fqn)]
         except Exception:
-            continue
-        for c in chunks:
-            if c.file is not None:
-                out.setdefault(c.file, {}).setdefault((c.offset or 0, c.length or 0), fqn)
+            listed = [(file, offset, length) for _, _, file, offset, length in listed_chunks(ckpt, fqn)]
+        for file, offset, length in listed:
+            if file is not None:
+                out.setdefault(file, {}).setdefault((offset, length), fqn)
     return out
 
 

@@ -14,14 +14,16 @@ import os
 from dataclasses import asdict, dataclass
 
 from ..checkpoints.opening import open_checkpoint
-from ..progress import CancelToken, ProgressCallback
+from ..progress import CancelToken, ProgressCallback, Reporter
 from ..units import exact_count
+from .compare.bitwise import bitwise_equal
 from .compare.diff import PAIR_BUDGET, DiffReport, diff
 from .convert.transform import Transform, Transformed
 from .report import diff_json, diff_text
 
 __all__ = ["Verification", "verify"]
 
+_BITWISE_BUDGET = 16 << 20  # bytes per block of each side when comparing bit for bit (no float64 copies)
 _NAMES = {"dcp": "a DCP checkpoint", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 
 
@@ -73,9 +75,11 @@ def verify(
     cancel: CancelToken | None = None,
 ) -> Verification:
     """Compare ``out`` with ``src`` seen through ``transform`` (:func:`~.compare.diff.diff`'s rules and
-    tolerances). A transform that cannot have made ``out`` is refused (``ValueError``): a
-    ``strip_prefix`` for an output that is not safetensors (only that target renames), a prefix
-    that starts no kept name; a selection that keeps nothing is refused as conversion refuses it."""
+    tolerances); checkpoints that are bitwise equal are found so without torch first
+    (:func:`~.compare.bitwise.bitwise_equal`: the same report, sooner). A transform that cannot
+    have made ``out`` is refused (``ValueError``): a ``strip_prefix`` for an output that is not
+    safetensors (only that target renames), a prefix that starts no kept name; a selection that
+    keeps nothing is refused as conversion refuses it."""
     transform = transform or Transform()
     with open_checkpoint(src, trust_pickle=trust_pickle) as a, open_checkpoint(out, trust_pickle=trust_pickle) as b:
         p = transform.strip_prefix
@@ -84,5 +88,13 @@ def verify(
         seen = Transformed(a, transform, allow_empty=allow_empty)
         if p is not None and seen.entries and not any(transform.keep(f) and f.startswith(p) for f in a.entries):
             raise ValueError(f"--strip-prefix {p!r} starts no entry of {src}; names look like {next(iter(a.entries))}")
-        report = diff(seen, b, rtol=rtol, atol=atol, budget=budget, progress=progress, cancel=cancel, quick=quick)
+        report = None
+        if transform.identity and set(a.entries) == set(b.entries):  # bitwise equal: known without torch
+            reporter = Reporter(
+                progress, cancel, total_bytes=a.tensor_bytes + b.tensor_bytes, total_items=len(a.entries)
+            )
+            if bitwise_equal(a, b, budget=max(budget, _BITWISE_BUDGET), reporter=reporter):
+                report = DiffReport(str(seen.path), str(b.path), compared=len(a.entries))
+        if report is None:
+            report = diff(seen, b, rtol=rtol, atol=atol, budget=budget, progress=progress, cancel=cancel, quick=quick)
         return Verification(report, transform, len(seen.entries), len(a.entries))

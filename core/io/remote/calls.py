@@ -10,7 +10,6 @@ which cancels them there when time is up or the caller stops: a signal leaves no
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import concurrent.futures
 import contextlib
@@ -19,7 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 from ...units import human_bytes
 from .fs import RETRIES, RemoteError, backend, explain, scheme, shown_url, transient
@@ -150,6 +152,8 @@ def on_loop(
     """``coro``'s result, run on a backend's event loop (fsspec's I/O thread) from this thread,
     cancelled there when the deadline passes, ``stop`` is set, or this thread is interrupted
     (a signal): nothing is left running on the loop for the interpreter's exit to complain of."""
+    import asyncio  # here: a local checkpoint's command does not load the event loop machinery
+
     fut = asyncio.run_coroutine_threadsafe(coro, loop)
     try:
         while not fut.done():
@@ -172,6 +176,8 @@ def _quiet_exit() -> None:
     """Cancel what still runs on fsspec's I/O loop (a read a signal interrupted) and let it end,
     so that the interpreter's exit prints no "Task was destroyed but it is pending!"."""
     with contextlib.suppress(Exception):
+        import asyncio
+
         import fsspec.asyn
 
         loop = fsspec.asyn.loop[0]
@@ -231,6 +237,8 @@ def call(url: str, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
 
     def attempt(clock: Clock) -> Any:
+        import asyncio
+
         if twin is None or loop is None or not asyncio.iscoroutinefunction(twin):
             return fn(*args, **kwargs)
         return on_loop(loop, twin(*args, **kwargs), clock)

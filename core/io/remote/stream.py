@@ -20,7 +20,6 @@ served (the caller asks by range); a dropped connection is resumed from where it
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import queue
 import re
@@ -69,6 +68,8 @@ async def _timed(aw: Awaitable[T], clock: Clock, wanted: int) -> T:
     left = clock.left()
     if left <= 0:
         raise clock.too_slow(wanted)
+    import asyncio  # here: the event loop machinery is loaded only by remote reads
+
     try:
         return await asyncio.wait_for(aw, left)
     except TimeoutError:
@@ -170,6 +171,8 @@ async def _pieces(
 
 async def _more(r: _Response) -> bool:
     """Whether a body without a length goes on past what was asked (looked for briefly)."""
+    import asyncio
+
     with contextlib.suppress(TimeoutError):
         return bool(await asyncio.wait_for(r.read(1), _EXTRA_WAIT))
     return False

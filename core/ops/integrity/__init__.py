@@ -1,6 +1,7 @@
 """Trusting one checkpoint on its own: :mod:`.check` (is it whole: every file, record, frame and
-chunk table as the readers would take it, and with ``values`` its NaN, Inf and all-zero tensors)
-and :mod:`.digests` (content digests over a tensor's canonical bytes, the same in every format).
+chunk table as the readers would take it, and with ``values`` its NaN, Inf and all-zero tensors,
+counted by :mod:`.counts` with bit tests, no torch) and :mod:`.digests` (content digests over a
+tensor's canonical bytes, the same in every format).
 
 It uses :mod:`..explore` (streaming statistics) and the checkpoints below; nothing in
 :mod:`..convert` or :mod:`..compare` depends on it."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
+import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...checkpoints.base import Checkpoint
+from ...checkpoints.canonical import CanonicalSource, RawBuffers, canonical_source
 from ...checkpoints.model import dtype_name, refuse_expanded
 from ...formats.digest import ALGORITHM, TreeHasher, canonical_header
 from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
@@ -87,10 +89,13 @@ def tensor_digest(
     reporter = reporter or Reporter(None, None)
     nbytes = math.prod(shape) * entry.dtype.itemsize
     buffers = BufferPool(keep=4)
+    source = canonical_source(ckpt, fqn) if sys.byteorder == "little" else None
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash"))
         h = TreeHasher(_header(dtype, shape), pool if nbytes > _INLINE else None, nbytes)
+        if source is not None:
+            return Digest(fqn, "tensor", _hash_source(source, h, budget, reporter, fqn), dtype, shape)
         inflight: deque[tuple[list[Future[bytes]], Any]] = deque()
         try:
             for offsets, sizes in blocks(shape, entry.dtype.itemsize, budget):
@@ -113,10 +118,42 @@ def tensor_digest(
     return Digest(fqn, "tensor", digest, dtype, shape)
 
 
+_RAW_BUFFERS = RawBuffers(keep=6)  # one set for every tensor of a run: no fresh pages per tensor
+
+
+def _hash_source(source: CanonicalSource, h: TreeHasher, budget: int, reporter: Reporter, fqn: str) -> str:
+    """:func:`tensor_digest` without torch: blocks read in place into recycled buffers, each given
+    back once its pieces are hashed (the block read next overlaps the hashing of the two before)."""
+    inflight: deque[tuple[list[Future[bytes]], Any]] = deque()
+    try:
+        for block in source.blocks(budget, _RAW_BUFFERS):
+            reporter.check()
+            reporter.advance(block.nbytes, items=0, current=fqn)
+            futures = h.update(memoryview(block))
+            if futures:
+                inflight.append((futures, block))
+            else:
+                _RAW_BUFFERS.give(block)  # hashed (or gathered) already
+            while len(inflight) > 2:
+                futures, done = inflight.popleft()
+                for fut in futures:
+                    fut.result()
+                _RAW_BUFFERS.give(done)
+        digest = h.digest()
+        while inflight:
+            _RAW_BUFFERS.give(inflight.popleft()[1])
+        return digest
+    finally:
+        for futures, _ in inflight:
+            for fut in futures:
+                fut.cancel()
+
+
 def _encode(value: Any, h: Any, depth: int = 0) -> None:
     """Feeds ``h`` a type-tagged, length-prefixed encoding of ``value``: equal values of the same
-    types give equal bytes (dict keys sorted by their own encoding, floats by their bits)."""
-    import torch
+    types give equal bytes (dict keys sorted by their own encoding, floats by their bits). Torch
+    is looked at only when loaded: a value read without it holds no torch tensor."""
+    torch = sys.modules.get("torch")
 
     if depth > 64:
         raise ValueError("a value nested more than 64 deep")
@@ -131,7 +168,7 @@ def _encode(value: Any, h: Any, depth: int = 0) -> None:
         h.update(b"s%d\0" % len(raw) + raw)
     elif isinstance(value, (bytes, bytearray)):
         h.update(b"b%d\0" % len(value) + bytes(value))
-    elif isinstance(value, torch.Tensor):
+    elif torch is not None and isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         h.update(b"T" + _header(dtype_name(t.dtype) or "", list(t.shape)))
         h.update(_little(t))
@@ -171,12 +208,15 @@ def digests(
     """Every entry's digest, in the checkpoint's order."""
     reporter = Reporter(progress, cancel, total_bytes=ckpt.tensor_bytes, total_items=len(ckpt.entries))
     out = []
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:
-        for fqn, entry in ckpt.entries.items():
-            reporter.check()
-            if entry.kind == "tensor":
-                out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter, pool=pool))
-            else:
-                out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
-            reporter.advance(0, current=fqn)
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:
+            for fqn, entry in ckpt.entries.items():
+                reporter.check()
+                if entry.kind == "tensor":
+                    out.append(tensor_digest(ckpt, fqn, budget=budget, reporter=reporter, pool=pool))
+                else:
+                    out.append(Digest(fqn, "value", value_digest(ckpt.read_value(fqn))))
+                reporter.advance(0, current=fqn)
+    finally:
+        _RAW_BUFFERS.clear()
     return out
