@@ -220,9 +220,7 @@ def _sums(
     return part, None
 
 
-def _with_norms(
-    b: Block | None, j: int | None, norms: dict[int, list[float]]
-) -> tuple[Block, list[float]] | None:
+def _with_norms(b: Block | None, j: int | None, norms: dict[int, list[float]]) -> tuple[Block, list[float]] | None:
     if b is None or j is None:
         return None
     if j not in norms:
