@@ -36,7 +36,7 @@ from ...io.blocks import blocks, box_slices
 from ...io.buffers import BufferPool
 from ...progress import Reporter
 from .metrics import StepSums, accumulate, as_float64, merge, new_histogram, wants_histogram
-from .single import FAST, Block, accumulate32, chunk_norms
+from .single import FAST, Block, accumulate32, chunk_norms, release_buffers
 
 __all__ = ["BLOCK_ELEMENTS", "THREADS", "Source", "stream_run"]
 
@@ -270,6 +270,7 @@ def stream_run(
             for _, _, fut in inflight:
                 _quietly(fut)
             _RAW.clear()
+            release_buffers()
 
 
 def _drain(
