@@ -12,7 +12,8 @@ Per chunk: ‖W‖² directly, ΔW = W - W_prev into scratch, ‖ΔW‖² and ma
 dot products: a step changes weights by ~1e-4 of their size, which would cancel), and
 ⟨W, W_prev⟩ = (‖W‖² + ‖W_prev‖² - ‖ΔW‖²) / 2 from sums already there -- exact to the sums' rounding
 while ‖ΔW‖² is at most half of ‖W‖² + ‖W_prev‖² (cos ≳ 0.5), else in float64 (a float32 product
-of nearly orthogonal vectors is mostly rounding); ⟨W, W_first⟩ the same way through W - W_first.
+of nearly orthogonal vectors is mostly rounding); ⟨W, W_first⟩ directly in float32 when the chunk's
+|cos| is at least 0.5 (its rounding then ~1e-7 of it), else in float64.
 The largest change and its neighbours at two steps back are taken again in float64 at the element
 found. A block holding a NaN or an Inf anywhere (a sum not finite: also a float32 overflow) is
 left to :func:`~.metrics.accumulate` in float64, which counts and masks them: the rules see the same
@@ -117,6 +118,10 @@ def _inner(a: np.ndarray, b: np.ndarray, aa: float, bb: float, dd: float) -> flo
     Adam moment to its first step came out 1e-6 off)."""
     if dd <= 0.5 * (aa + bb):
         return (aa + bb - dd) / 2
+    return _dot64(a, b)
+
+
+def _dot64(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = _scratch64("a")[: len(a)], _scratch64("b")[: len(b)]
     a64[...] = a
     b64[...] = b
@@ -166,8 +171,8 @@ def accumulate32(
         d = d_buf[: e - s]
         if first is not None:
             fc = first[0].f32(s, e)
-            np.subtract(xc, fc, out=d)
-            xf += _inner(xc, fc, cx, first[1][c], _dot(d, d))
+            cf = _dot(xc, fc)
+            xf += cf if cf * cf >= 0.25 * cx * first[1][c] else _dot64(xc, fc)
         if prev is not None:
             pc = prev[0].f32(s, e)
             np.subtract(xc, pc, out=d)

@@ -217,6 +217,11 @@ def _sums(
         (back2.f64(), True) if back2 is not None else None,
         (first.f64(), True) if first is not None else None,
     )
+    if x.fast and part.nan + part.inf == 0:  # a neighbour's NaN sent it here: ‖x‖² as the fast path sums it,
+        got = chunk_norms(x)  # so equal blocks have equal norms whichever path (the reverted rule)
+        if all(np.isfinite(got)):
+            part.norm2 = sum(got)
+            return part, got
     return part, None
 
 
