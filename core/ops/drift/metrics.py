@@ -1,7 +1,9 @@
-"""The float64 sums one tensor contributes at one step, accumulated block by block.
+"""The sums one tensor contributes at one step, accumulated block by block, and the float64 path
+that computes them for any dtype (float32, bfloat16 and float16 blocks take :mod:`.single`'s float32
+path unless they hold a NaN or an Inf; :func:`merge` folds one block's sums into the step's).
 
 A block of step k is compared with the same block of the previous step, of the step before that and
-of the run's first step, all already converted to float64 (the reader keeps just those). Every sum is
+of the run's first step, here all converted to float64 (the reader keeps just those). Every sum is
 float64 over sub-blocks of :data:`SUB` elements, which stay in cache: ``np.dot`` on them is one BLAS
 call below the size (10,000) where OpenBLAS's ``ddot`` starts threads, which on a shared machine spin
 while waiting for a core (measured here at load 8: 30x slower with them). Values
