@@ -99,6 +99,24 @@ class CanonicalSource:
                 raise
             yield out
 
+    @property
+    def boxed(self) -> bool:
+        """Whether :meth:`read` takes any box: the bytes lie in row-major pieces, not a strided view."""
+        return self._view is None
+
+    def read(self, offsets: list[int], sizes: list[int], buffers: RawBuffers) -> Any:
+        """One row-major box of :func:`~..io.blocks.blocks` as a uint8 array from ``buffers`` (the
+        consumer gives it back); only when :attr:`boxed`."""
+        if self._view is not None:
+            raise ValueError("a strided view is read whole: use blocks()")
+        out = buffers.take(math.prod(sizes) * self.itemsize)
+        try:
+            self._fill(out, offsets, sizes, buffers)
+        except BaseException:
+            buffers.give(out)
+            raise
+        return out
+
     def _fill(self, out: Any, offsets: list[int], sizes: list[int], buffers: RawBuffers) -> None:
         tiles = [(p.offsets, p.sizes) for p in self._pieces]
         for k, local, size, at in _overlaps(offsets, sizes, tiles):

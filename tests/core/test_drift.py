@@ -248,3 +248,32 @@ def test_a_tensors_first_step_is_a_dependency(training_runs: dict[str, Any]) -> 
     data = next(p for p in sorted((training_runs["faulty"] / "step-9").iterdir()) if p.suffix == ".distcp")
     os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
     assert drift(run).cached_steps == 8
+
+
+def test_large_blocks_equal_a_float64_reference(tmp_path: Path) -> None:
+    """Tensors of many blocks and chunks, as float32 and bfloat16 (summed in float32 on rows) and
+    float64 (in float64): within 1e-6 of the float64 reference -- a tensor drifting slowly (cos ~ 1),
+    one whose later steps are nearly orthogonal to the first (cos ~ 0: the dot products in float64),
+    one near 1 with small noise (float32 rounding biased), and a NaN appearing (that block in float64)."""
+    g = torch.Generator().manual_seed(3)
+    n = (1 << 19) + 4099  # a ragged last block, chunk and row
+    base = torch.randn(n, generator=g, dtype=torch.float64) * 0.02
+    other = torch.randn(n, generator=g, dtype=torch.float64) * 0.02
+    states = []
+    for k in range(4):
+        drift_ = base + torch.randn(n, generator=g, dtype=torch.float64) * 1e-5 * (k + 1)
+        turn = base * (1.0 if k == 0 else 0.01) + other * (0.0 if k == 0 else 1.0) * k
+        near_one = 1 + torch.randn(n, generator=g, dtype=torch.float64) * 0.01
+        nan = drift_.clone()
+        if k >= 2:
+            nan[n // 2 + 7] = float("nan")
+        states.append({"w32": drift_.float(), "bf16": drift_.bfloat16(), "turn": turn.bfloat16(),
+                       "ones": near_one.float(), "nan": nan.float(), "w64": turn})  # fmt: skip
+    root = tmp_path / "run"
+    root.mkdir()
+    for k, state in enumerate(states):
+        torch.save(state, root / f"step_{k + 1}.pt")
+    report = drift(detect_run(root), cache=False, block_elements=1 << 17)
+    assert report.series["nan"]["nan"] == [0, 0, 1, 1]
+    assert {(a.step, a.entry, a.kind) for a in report.anomalies} == {(3, "nan", "nonfinite")}
+    assert _compare(report, states) > 100

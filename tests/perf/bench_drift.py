@@ -7,10 +7,12 @@ Contenders, alternated round by round, whole commands (start-up included), page 
 - ``cat step-*/* > /dev/null`` -- reading every checkpoint once (the target: drift <= 1.5x this);
 - ``dcpstudio drift RUN --json --no-cache`` -- every step computed, nothing cached;
 - ``dcpstudio drift RUN --json`` with the cache filled -- re-opening an unchanged run.
+With ``--baseline DIR`` (a folder whose ``dcpstudio`` package is an earlier version, found first on
+``PYTHONPATH``), that version's ``drift --no-cache`` runs alongside, for before/after figures in one run.
 Peak RSS of each command is reported (the bound is a few blocks, whatever the run's size), and the
 load average, since the machine may be shared.
 
-    python tests/perf/bench_drift.py [--steps 8] [--size 256MiB] [--rounds 3] [--dir DIR]
+    python tests/perf/bench_drift.py [--steps 8] [--size 256MiB] [--rounds 3] [--dir DIR] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main() -> None:
     ap.add_argument("--size", default="256MiB", help="bytes per checkpoint")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="where to write the run (default: a temporary folder, removed after)")
+    ap.add_argument("--baseline", help="a folder holding an earlier dcpstudio package, run alongside")
     ap.add_argument("--make", help=argparse.SUPPRESS)  # in a child: this process stays small (peak RSS)
     args = ap.parse_args()
     if args.make:
@@ -90,6 +93,10 @@ def main() -> None:
             "drift, no cache": f"{dcpstudio} drift {run} --json -q --no-cache",
             "drift, cached": f"{dcpstudio} drift {run} --json -q",
         }
+        if args.baseline:
+            contenders["baseline, no cache"] = (
+                f"env PYTHONPATH={args.baseline} {sys.executable} -m dcpstudio drift {run} --json -q --no-cache"
+            )
         _measure(contenders["cat every file"], env)  # the page cache warm for everyone
         shutil.rmtree(cache, ignore_errors=True)
         _measure(contenders["drift, cached"], env)  # fills the cache
@@ -105,7 +112,7 @@ def main() -> None:
         anchor = statistics.median(walls["cat every file"])
         for name, ws in walls.items():
             m = statistics.median(ws)
-            print(f"  {name:<18} {m:7.2f} s  {m / anchor:5.2f}x cat  {total / m / 2**20:7.0f} MiB/s  "
+            print(f"  {name:<19} {m:7.2f} s  {m / anchor:5.2f}x cat  {total / m / 2**20:7.0f} MiB/s  "
                   f"peak RSS {rss[name] / 2**20:6.0f} MiB  (all: {', '.join(f'{w:.2f}' for w in ws)})")  # fmt: skip
     finally:
         if not args.dir:

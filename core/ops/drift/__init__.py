@@ -1,8 +1,10 @@
 """A run, not a checkpoint: how every tensor moved across the training steps of one run.
 
 :mod:`.run` finds a run (a folder of step-numbered checkpoints, local or remote), :mod:`.stream`
-reads it once -- tensor by tensor, block by block, each block across the steps in order -- into the
-float64 sums of :mod:`.metrics`, :mod:`.report` turns the sums into series per tensor and per module,
+reads it once -- tensor by tensor, block by block, each block across the steps in order, on two
+threads, without torch where the bytes lie in place -- into the sums of :mod:`.metrics` (float32 on
+cache-sized chunks for float32/bfloat16/float16, :mod:`.single`; float64 otherwise), :mod:`.report`
+turns the sums into series per tensor and per module,
 :mod:`.anomalies` flags spikes, frozen tensors, NaN/Inf, reverted steps and layout changes, and
 :mod:`.cache` keeps each step's sums beside the index cache so an unchanged run re-opens at once.
 

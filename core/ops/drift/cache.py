@@ -27,7 +27,7 @@ from .run import RunStep
 __all__ = ["load_step", "step_identity", "store_step"]
 
 _KIND = "drift-step"
-_VERSION = 4
+_VERSION = 5  # 5: float32 chunk sums (equal values must have equal norms across steps)
 
 
 def _files(location: Any) -> list[Any]:

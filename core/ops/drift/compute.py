@@ -3,14 +3,13 @@ and the anomalies, reading each checkpoint once.
 
 Each step's checkpoints are opened once and passed down. Steps whose sums are cached (under the
 identities of the checkpoints they depend on, :mod:`.cache`) are not read at all; the others are
-streamed tensor by tensor (:mod:`.stream`), reading the cached steps they compare with only as far
-as needed.
+streamed tensor by tensor (:mod:`.stream`, on two threads), reading the cached steps they compare
+with only as far as needed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...checkpoints.base import Checkpoint
@@ -23,7 +22,7 @@ from .cache import load_step, step_identity, store_step
 from .metrics import StepSums
 from .report import Anomaly, DriftReport, group_series, tensor_series
 from .run import Run
-from .stream import BLOCK_ELEMENTS, Source, stream_tensor
+from .stream import BLOCK_ELEMENTS, Source, stream_run
 
 __all__ = ["drift"]
 
@@ -120,7 +119,7 @@ def drift(
 ) -> DriftReport:
     """How every tensor of ``run`` moved over its steps (see :class:`DriftReport`). ``cache``: use and
     fill the per-step cache. Reads every byte of every checkpoint not cached exactly once; memory is
-    about four blocks of ``block_elements`` float64 values plus what the checkpoints' structures take."""
+    about four blocks of ``block_elements`` values per thread plus what the checkpoints' structures take."""
     n = len(run.steps)
     with contextlib.ExitStack() as stack:
         opened: list[dict[str, tuple[Checkpoint, Entry]]] = []
@@ -166,15 +165,10 @@ def drift(
             for name, kept in got.items():
                 if name in sums:
                     sums[name][i] = kept
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpstudio-drift") as pool:
-            for name in names:
-                reporter.check()
-                computed = stream_tensor(
-                    name, presence[name], needed, reporter, pool=pool, block_elements=block_elements
-                )
-                for i, fresh in computed.items():
-                    sums[name][i] = fresh
-                reporter.advance(0, current=name)
+        for name, computed in stream_run(names, presence, needed, reporter, block_elements=block_elements):
+            for i, fresh in computed.items():
+                sums[name][i] = fresh
+            reporter.advance(0, current=name)
         values_rows = [cached[i][1] if i in cached else _values(opened[i]) for i in range(n)]
         if cache:
             for i in needed:

@@ -1,7 +1,9 @@
-"""The float64 sums one tensor contributes at one step, accumulated block by block.
+"""The sums one tensor contributes at one step, accumulated block by block, and the float64 path
+that computes them for any dtype (float32, bfloat16 and float16 blocks take :mod:`.single`'s float32
+path unless they hold a NaN or an Inf; :func:`merge` folds one block's sums into the step's).
 
 A block of step k is compared with the same block of the previous step, of the step before that and
-of the run's first step, all already converted to float64 (the reader keeps just those). Every sum is
+of the run's first step, here all converted to float64 (the reader keeps just those). Every sum is
 float64 over sub-blocks of :data:`SUB` elements, which stay in cache: ``np.dot`` on them is one BLAS
 call below the size (10,000) where OpenBLAS's ``ddot`` starts threads, which on a shared machine spin
 while waiting for a core (measured here at load 8: 30x slower with them). Values
@@ -34,8 +36,11 @@ __all__ = [
     "StepSums",
     "accumulate",
     "as_float64",
+    "histogram",
+    "merge",
     "new_histogram",
     "percentiles",
+    "sample_range",
     "wants_histogram",
 ]
 
@@ -204,16 +209,48 @@ def accumulate(
         good = x[np.isfinite(x)] if acc.nan + acc.inf > bad_before else x
         if len(good):
             acc.vmax = max(acc.vmax, float(good.max()))
-        _histogram(acc, good)
-    step = max(1, numel // SAMPLE)
-    lo = -(-start // step) * step
-    hi = min(start + len(x), step * SAMPLE)
+        histogram(acc, good)
+    lo, hi, step = sample_range(start, len(x), numel)
     if lo < hi:
         acc.sample.extend(x[lo - start : hi - start : step].tolist())
     return acc.nan + acc.inf > bad_before
 
 
-def _histogram(acc: StepSums, xs: np.ndarray) -> None:
+def sample_range(start: int, n: int, numel: int) -> tuple[int, int, int]:
+    """The sampled flat indices among ``start..start+n`` of a tensor of ``numel``: ``range(lo, hi, step)``."""
+    step = max(1, numel // SAMPLE)
+    return -(-start // step) * step, min(start + n, step * SAMPLE), step
+
+
+def merge(total: StepSums, part: StepSums) -> None:
+    """Folds ``part`` -- the sums of the next block, in row-major order -- into ``total``: what
+    :func:`accumulate` over both blocks one after the other gives (its largest change the first
+    of the largest)."""
+    total.count += part.count
+    total.norm2 += part.norm2
+    total.nan += part.nan
+    total.inf += part.inf
+    if total.first_bad is None:
+        total.first_bad = part.first_bad
+    if part.dot_prev is not None:
+        total.dot_prev = (total.dot_prev or 0.0) + part.dot_prev
+        total.diff2_prev = (total.diff2_prev or 0.0) + (part.diff2_prev or 0.0)
+    if part.max_prev_at is not None and (
+        total.max_prev_at is None or total.max_prev is None or (part.max_prev or 0.0) > total.max_prev
+    ):
+        total.max_prev, total.max_prev_at, total.back2_at_max = part.max_prev, part.max_prev_at, part.back2_at_max
+    if part.dot_first is not None:
+        total.dot_first = (total.dot_first or 0.0) + part.dot_first
+    total.vmax = max(total.vmax, part.vmax)
+    total.sample.extend(part.sample)
+    if part.value is not None:
+        total.value = part.value
+    if part.hist is not None and total.hist is not None:
+        total.hist += part.hist
+
+
+def histogram(acc: StepSums, xs: np.ndarray) -> None:
+    """Counts ``xs`` (finite, float32 or float64: the same bins) into ``acc.hist``."""
     mant, exp = np.frexp(np.abs(xs))
     zero = mant == 0
     bins = (np.clip(exp, _EXP_LO, _EXP_HI - 1) - _EXP_LO) * _OCTAVE + ((mant * 2 - 1) * _OCTAVE).astype(np.int64)

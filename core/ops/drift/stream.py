@@ -3,33 +3,52 @@ step in order -- so step k is compared with step k-1 while k is read, and each b
 is read exactly once.
 
 For one tensor, the blocks are cut by element count (:func:`~...io.blocks.blocks` at 8 bytes an
-element), so the same block covers the same elements at every step whatever each step's dtype. Only
-the blocks later steps still compare with are kept: the previous step's, the one before it (to tell a
-transient fault from a lasting change) and the first step's -- about four blocks of
-:data:`BLOCK_ELEMENTS` float64 values, whatever the run's size. The next block is read and converted
-on a helper thread while this one is compared (the readers and numpy release the GIL).
+element), so the same block covers the same elements at every step whatever each step's dtype. One
+*unit* of work is one block across the steps: only the blocks later steps still compare with are
+kept -- the previous step's, the one before it (to tell a transient fault from a lasting change) and
+the first step's. Units are independent: they run on two threads (the readers and numpy release the
+GIL; one reads while the other computes), a few ahead, and their sums are merged in order
+(:func:`~.metrics.merge`), so the result does not depend on the threads. Memory: about four blocks of
+:data:`BLOCK_ELEMENTS` elements per unit in flight.
+
+A block whose bytes lie in place (:func:`~...checkpoints.canonical.canonical_source`) is read without
+torch; float32, bfloat16 and float16 blocks are summed in float32 (:mod:`.single`), the rest -- and
+any block holding a NaN or an Inf -- in float64 (:func:`~.metrics.accumulate`), blocks read through
+torch's readers (compressed chunks, float8, complex, strided views) as float64 values.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ...checkpoints.base import Checkpoint
-from ...checkpoints.model import Entry
+from ...checkpoints.canonical import CanonicalSource, RawBuffers, canonical_source
+from ...checkpoints.model import Entry, dtype_name
 from ...io.blocks import blocks, box_slices
 from ...io.buffers import BufferPool
 from ...progress import Reporter
-from .metrics import StepSums, accumulate, as_float64, new_histogram, wants_histogram
+from .metrics import StepSums, accumulate, as_float64, merge, new_histogram, wants_histogram
+from .single import FAST, Block, accumulate32, chunk_norms, release_buffers
 
-__all__ = ["BLOCK_ELEMENTS", "Source", "stream_tensor"]
+__all__ = ["BLOCK_ELEMENTS", "THREADS", "Source", "stream_run"]
 
 BLOCK_ELEMENTS = 1 << 20
-"""Elements per block (8 MiB as float64): few enough that four kept blocks stay small, many enough
-that per-block costs (a read call, a DCP chunk lookup) vanish."""
+"""Elements per block: few enough that the kept blocks stay small, many enough that per-block costs
+(a read call, a DCP chunk lookup) vanish."""
+
+THREADS = max(1, min(2, os.cpu_count() or 1))
+
+_PLAIN = {**FAST, "float64": "<f8", "bool": "u1", "int8": "i1", "uint8": "u1", "int16": "<i2", "int32": "<i4",
+          "int64": "<i8", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8"}  # fmt: skip
+"""Stored dtypes read without torch (bytes in place), as numpy kinds."""
 
 
 @dataclass(frozen=True)
@@ -57,18 +76,20 @@ def _dependencies(i: int, present: dict[int, Source]) -> tuple[int | None, int |
     return same(i - 1), same(i - 2), first
 
 
-def stream_tensor(
-    name: str,
-    present: dict[int, Source],
-    needed: set[int],
-    reporter: Reporter,
-    *,
-    pool: ThreadPoolExecutor,
-    block_elements: int = BLOCK_ELEMENTS,
-) -> dict[int, StepSums]:
-    """The sums of tensor ``name`` at each step of ``needed`` that holds it; ``present`` maps a step's
-    index to where that step holds the tensor. Steps outside ``needed`` are read only as far as a
-    needed step compares with them."""
+@dataclass
+class _Tensor:
+    """One tensor's plan: which steps are computed, what each compares with, how each is read."""
+
+    name: str
+    present: dict[int, Source]
+    deps: dict[int, tuple[int | None, int | None, int | None]]
+    last_use: dict[int, int]
+    sums: dict[int, StepSums]
+    readers: dict[int, CanonicalSource | None] = field(default_factory=dict)
+    units: list[tuple[tuple[int, ...], list[int], list[int], list[int]]] = field(default_factory=list)
+
+
+def _plan(name: str, present: dict[int, Source], needed: set[int], block_elements: int) -> _Tensor:
     wanted = sorted(i for i in needed if i in present)
     deps = {i: _dependencies(i, present) for i in wanted}
     read = sorted({*wanted, *(j for d in deps.values() for j in d if j is not None)})
@@ -79,48 +100,29 @@ def stream_tensor(
                 last_use[j] = max(last_use.get(j, -1), i)
     sums: dict[int, StepSums] = {}
     for i in wanted:
-        prev, back2, first = deps[i]
+        prev, _, first = deps[i]
         acc = sums[i] = StepSums()
         acc.start(prev is not None, first is not None and first != i)
         acc.first = first if first != i else None
         if wants_histogram(name):
             acc.hist = new_histogram()
+    t = _Tensor(name, present, deps, last_use, sums)
+    for i in read:
+        t.readers[i] = _in_place(present[i])
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for i in read:
         by_shape.setdefault(present[i].shape, []).append(i)
     for shape, group in by_shape.items():
-        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        items = [(i, offsets, sizes) for offsets, sizes in blocks(shape, 8, block_elements * 8) for i in group]
-        kept: dict[int, tuple[np.ndarray, bool]] = {}
-        block_start = -1
-        for (i, offsets, sizes), x in _prefetched(items, present, reporter, pool):
-            flat = _flat_start(offsets, shape)
-            if flat != block_start:
-                kept.clear()  # a new block: earlier steps' blocks of the last one are done with
-                block_start = flat
-            per = len(x) // max(1, int(np.prod(sizes, dtype=np.int64)))  # values per element: 2 for complex
-            start = flat * per
-            if i in sums:
-                prev, back2, first = deps[i]
-                bad = accumulate(
-                    sums[i],
-                    x,
-                    start,
-                    numel * per,
-                    kept.get(prev) if prev is not None else None,
-                    kept.get(back2) if back2 is not None else None,
-                    kept.get(first) if first is not None and first != i else None,
-                )
-            else:
-                bad = not bool(np.isfinite(x).all())
-            if last_use.get(i, -1) > i:
-                kept[i] = (x, bad)
-            for j in [j for j in kept if last_use.get(j, -1) <= i]:
-                del kept[j]
-            del x
-    for acc in sums.values():
-        acc.finish()
-    return sums
+        t.units += [(shape, offsets, sizes, group) for offsets, sizes in blocks(shape, 8, block_elements * 8)]
+    return t
+
+
+def _in_place(source: Source) -> CanonicalSource | None:
+    dtype = dtype_name(source.entry.dtype) or ""
+    if sys.byteorder != "little" or dtype not in _PLAIN:
+        return None
+    got = canonical_source(source.ckpt, source.fqn)
+    return got if got is not None and got.boxed else None
 
 
 def _flat_start(offsets: list[int], shape: tuple[int, ...]) -> int:
@@ -130,44 +132,176 @@ def _flat_start(offsets: list[int], shape: tuple[int, ...]) -> int:
     return flat
 
 
-def _read(source: Source, offsets: list[int], sizes: list[int], buffers: BufferPool) -> np.ndarray:
+_RAW = RawBuffers(keep=16)
+
+
+def _read(t: _Tensor, i: int, offsets: list[int], sizes: list[int], buffers: BufferPool) -> Block:
+    reader, source = t.readers[i], t.present[i]
+    if reader is not None:
+        dtype = dtype_name(source.entry.dtype) or ""
+        buf = reader.read(offsets, sizes, _RAW)
+        return Block(buf.view(_PLAIN[dtype]), dtype, lambda: _RAW.give(buf))
     with buffers.active():
         block = source.ckpt.read_tensor(source.fqn, box_slices(offsets, sizes))
     out = as_float64(block)
     buffers.give(block)
-    return out
+    return Block(out, "f64")
 
 
-def _prefetched(
-    items: list[tuple[int, list[int], list[int]]],
-    present: dict[int, Source],
-    reporter: Reporter,
-    pool: ThreadPoolExecutor,
-) -> Iterator[tuple[tuple[int, list[int], list[int]], np.ndarray]]:
-    """Each item's block as float64, the next one read on ``pool`` while the caller works on this one."""
-    buffers = BufferPool(keep=2)
-
-    def submit(k: int) -> Future[np.ndarray]:
-        i, offsets, sizes = items[k]
-        return pool.submit(_read, present[i], offsets, sizes, buffers)
-
-    ahead: Future[np.ndarray] | None = submit(0) if items else None
+def _unit(
+    t: _Tensor, shape: tuple[int, ...], offsets: list[int], sizes: list[int], group: list[int], buffers: BufferPool
+) -> dict[int, StepSums]:
+    """The sums of one block at each computed step of ``group`` (the steps holding the tensor in
+    ``shape``), reading the block of every step of the group once."""
+    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    elements = int(np.prod(sizes, dtype=np.int64))
+    flat = _flat_start(offsets, shape)
+    kept: dict[int, Block] = {}
+    norms: dict[int, list[float]] = {}
+    parts: dict[int, StepSums] = {}
     try:
-        for k, item in enumerate(items):
-            assert ahead is not None
-            x = ahead.result()
-            ahead = submit(k + 1) if k + 1 < len(items) else None
-            entry = present[item[0]].entry
-            nbytes = int(np.prod(item[2], dtype=np.int64)) * (entry.dtype.itemsize if entry.dtype else 8)
-            reporter.advance(nbytes, items=0, current=entry.fqn)
-            yield item, x
+        for i in group:
+            x = _read(t, i, offsets, sizes, buffers)
+            try:
+                if i in t.sums:
+                    parts[i], got = _sums(t, i, x, kept, norms, flat, numel, elements)
+                    if got is not None:
+                        norms[i] = got
+                if t.last_use.get(i, -1) > i:
+                    kept[i] = x
+                    x = None  # type: ignore[assignment]
+            finally:
+                if x is not None:
+                    x.close()
+            for j in [j for j in kept if t.last_use.get(j, -1) <= i]:
+                kept.pop(j).close()
+                norms.pop(j, None)
     finally:
-        if ahead is not None:
-            ahead.cancel()
-            _quietly(ahead)
+        for b in kept.values():
+            b.close()
+    return parts
 
 
-def _quietly(future: Future[np.ndarray]) -> None:
+def _sums(
+    t: _Tensor,
+    i: int,
+    x: Block,
+    kept: dict[int, Block],
+    norms: dict[int, list[float]],
+    flat: int,
+    numel: int,
+    elements: int,
+) -> tuple[StepSums, list[float] | None]:
+    prev_i, back2_i, first_i = t.deps[i]
+    prev = kept.get(prev_i) if prev_i is not None else None
+    back2 = kept.get(back2_i) if back2_i is not None else None
+    first = kept.get(first_i) if first_i is not None and first_i != i else None
+    total = t.sums[i]
+    part = StepSums()
+    part.start(prev is not None, first is not None)
+    if total.hist is not None:
+        part.hist = new_histogram()
+    if x.fast and all(b is None or b.fast for b in (prev, back2, first)):
+        got = accumulate32(
+            part, x, flat, numel, _with_norms(prev, prev_i, norms), back2, _with_norms(first, first_i, norms)
+        )
+        if got is not None:
+            return part, got
+    per = len(x) // max(1, elements)  # values per element: 2 for complex
+    accumulate(
+        part,
+        x.f64(),
+        flat * per,
+        numel * per,
+        (prev.f64(), True) if prev is not None else None,
+        (back2.f64(), True) if back2 is not None else None,
+        (first.f64(), True) if first is not None else None,
+    )
+    if x.fast and part.nan + part.inf == 0:  # a neighbour's NaN sent it here: ‖x‖² as the fast path sums it,
+        got = chunk_norms(x)  # so equal blocks have equal norms whichever path (the reverted rule)
+        if all(np.isfinite(got)):
+            part.norm2 = sum(got)
+            return part, got
+    return part, None
+
+
+def _with_norms(b: Block | None, j: int | None, norms: dict[int, list[float]]) -> tuple[Block, list[float]] | None:
+    if b is None or j is None:
+        return None
+    if j not in norms:
+        norms[j] = chunk_norms(b)
+    return b, norms[j]
+
+
+def stream_run(
+    names: list[str],
+    presence: dict[str, dict[int, Source]],
+    needed: set[int],
+    reporter: Reporter,
+    *,
+    block_elements: int = BLOCK_ELEMENTS,
+    threads: int = THREADS,
+) -> Iterator[tuple[str, dict[int, StepSums]]]:
+    """Each tensor of ``names`` with its sums at each step of ``needed`` that holds it, in order;
+    ``presence[name]`` maps a step's index to where that step holds the tensor. Steps outside
+    ``needed`` are read only as far as a needed step compares with them."""
+    buffers = BufferPool(keep=2 * threads)
+    ahead = 2 * threads
+    inflight: deque[tuple[_Tensor, int, Future[dict[int, StepSums]]]] = deque()
+
+    def units() -> Iterator[tuple[_Tensor, int]]:
+        for name in names:
+            t = _plan(name, presence[name], needed, block_elements)
+            for k in range(len(t.units)):
+                yield t, k
+            if not t.units:
+                yield t, -1
+
+    def run(t: _Tensor, k: int) -> dict[int, StepSums]:
+        return _unit(t, *t.units[k], buffers) if k >= 0 else {}
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dcpstudio-drift") as pool:
+        todo = units()
+        try:
+            for t, k in todo:
+                inflight.append((t, k, pool.submit(run, t, k)))
+                if len(inflight) < ahead:
+                    continue
+                yield from _drain(inflight, reporter, keep=ahead - 1)
+            yield from _drain(inflight, reporter, keep=0)
+        finally:
+            for _, _, fut in inflight:
+                fut.cancel()
+            for _, _, fut in inflight:
+                _quietly(fut)
+            _RAW.clear()
+            release_buffers()
+
+
+def _drain(
+    inflight: deque[tuple[_Tensor, int, Future[dict[int, StepSums]]]], reporter: Reporter, keep: int
+) -> Iterator[tuple[str, dict[int, StepSums]]]:
+    """Merges the oldest units' sums until ``keep`` are in flight; yields each tensor done."""
+    while len(inflight) > keep:
+        reporter.check()
+        t, k, fut = inflight[0]
+        parts = fut.result()
+        inflight.popleft()
+        if k >= 0:
+            _, _, sizes, group = t.units[k]
+            elements = int(np.prod(sizes, dtype=np.int64))
+            for i in group:
+                entry = t.present[i].entry
+                reporter.advance(elements * (entry.dtype.itemsize if entry.dtype else 8), items=0, current=entry.fqn)
+            for i, part in parts.items():
+                merge(t.sums[i], part)
+        if k < 0 or k == len(t.units) - 1:
+            for acc in t.sums.values():
+                acc.finish()
+            yield t.name, t.sums
+
+
+def _quietly(future: Future[Any]) -> None:
     try:
         future.result()
     except BaseException:  # the caller is already unwinding with its own error
