@@ -254,6 +254,25 @@ def test_file_browser_names_checkpoint_formats(qtbot: Any, rich_pt: Path, tmp_pa
     assert model.format_of(sharded) == "safetensors"
 
 
+def test_file_browser_orders_numbers_as_numbers_and_folders_first(qtbot: Any, tmp_path: Path) -> None:
+    """A run's steps in step order (step-2 before step-10), folders before files."""
+    from dcpstudio.window.widgets.file_browser import FileBrowser
+
+    for name in ("step-10", "step-2", "step-1", "Step-3"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "a.txt").write_text("x")
+    browser = FileBrowser(str(tmp_path))
+    qtbot.addWidget(browser)
+    browser.set_root(str(tmp_path))
+
+    def names() -> list[str]:
+        root = browser.view.rootIndex()
+        return [str(browser.shown.index(r, 0, root).data()) for r in range(browser.shown.rowCount(root))]
+
+    qtbot.waitUntil(lambda: len(names()) == 5, timeout=5000)
+    assert names() == ["step-1", "step-2", "Step-3", "step-10", "a.txt"]
+
+
 def test_errors_from_other_threads_reach_the_message_bar(qtbot: Any, window: MainWindow) -> None:
     import sys
 

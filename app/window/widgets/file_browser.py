@@ -4,6 +4,7 @@ file: drags out of it offer a copy only."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,28 @@ class CheckpointFileModel(QFileSystemModel):
         return super().headerData(section, orientation, role)
 
 
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key with runs of digits as numbers, case folded (QCollator's numeric mode needs ICU,
+    which Qt's wheels for Linux lack)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name.casefold()) if p)
+
+
 class HiddenFilter(QSortFilterProxyModel):
     """Hides dot-files and dot-folders, except those on the way to what the browser shows (the
-    demo lives in ~/.local/share): a folder below a hidden one stays reachable."""
+    demo lives in ~/.local/share): a folder below a hidden one stays reachable. Sorts folders
+    first, then by name with numbers as numbers (a run's step-2 before step-10)."""
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self.keep: set[str] = set()
+
+    def lessThan(self, left: QModelIndex | QPersistentModelIndex, right: QModelIndex | QPersistentModelIndex) -> bool:
+        model = self.sourceModel()
+        assert isinstance(model, QFileSystemModel)
+        a, b = model.isDir(left), model.isDir(right)
+        if a != b:
+            return a
+        return _natural(model.fileName(left)) < _natural(model.fileName(right))
 
     def keep_path(self, path: str) -> None:
         parts = Path(path).parts
@@ -145,6 +161,8 @@ class FileBrowser(QWidget):
         self.shown.setSourceModel(self.fs)
         self.view = QTreeView()
         self.view.setModel(self.shown)
+        self.view.setSortingEnabled(True)  # by name, numbers as numbers (HiddenFilter.lessThan); a click re-sorts
+        self.view.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         for col in (1, 2, 3):
             self.view.setColumnHidden(col, True)
         header = self.view.header()
