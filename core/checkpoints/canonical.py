@@ -91,13 +91,7 @@ class CanonicalSource:
             yield from self._strided(budget, buffers)
             return
         for offsets, sizes in blocks(self.shape, self.itemsize, budget):
-            out = buffers.take(math.prod(sizes) * self.itemsize)
-            try:
-                self._fill(out, offsets, sizes, buffers)
-            except BaseException:
-                buffers.give(out)
-                raise
-            yield out
+            yield self.read(offsets, sizes, buffers)
 
     @property
     def boxed(self) -> bool:
