@@ -37,7 +37,18 @@ from typing import Any
 from ..errors import CancelledError, DCPStudioError
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.convert import convert
-from ..ops.convert.layout import Recorder, combine_crcs, create_files, lay_out, overlay, split_by_bytes, write_pieces
+from ..ops.convert.layout import (
+    Layout,
+    Recorder,
+    combine_crcs,
+    create_files,
+    lay_out,
+    overlay,
+    split_by_bytes,
+    write_pieces,
+)
+from ..ops.convert.replay import Replay, piece_digests, piece_jobs, span_digests
+from ..ops.convert.replay import shares as split_shares
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..progress import CancelToken, Progress, ProgressCallback
 
@@ -47,7 +58,6 @@ __all__ = [
     "check_plan",
     "convert_on_ranks",
     "convert_rank",
-    "refuse_manifest",
     "refuse_remote",
     "run_convert",
 ]
@@ -68,16 +78,6 @@ class RankShare:
 
 class _Failed(DCPStudioError):
     """A peer's error, raised on every rank after a collective that carried it."""
-
-
-def refuse_manifest(options: dict[str, Any]) -> None:
-    """Manifests hold digests of whole tensors and files; ranks that each write pieces do not make
-    them yet, and an output without one is not the single-process output: refused, not dropped."""
-    if options.get("manifest", True):
-        raise DCPStudioError(
-            "a conversion on ranks writes no manifest yet: pass manifest=False (--no-manifest), or convert on one "
-            "process"
-        )
 
 
 def refuse_remote(dst: Any) -> None:
@@ -141,7 +141,6 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets:
 
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
-    refuse_manifest(options)
     refuse_remote(dst)
     return _plan(src, dst, options, Recorder().writers(), assets=False)
 
@@ -176,7 +175,6 @@ def convert_on_ranks(
         if not (warn and rank == 0):  # said once: by rank 0, or by the parent that started the ranks
             warnings.simplefilter("ignore")
         try:
-            refuse_manifest(options or {})
             refuse_remote(dst)
             result = _plan(src, dst, dict(options or {}), writers, assets=rank == 0)
         except _Failed:
@@ -201,7 +199,7 @@ def _write(
         digest = None
         scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
         try:  # the layout is kept, its files are not: a rank killed later leaves nothing here
-            layout = lay_out(recorder, scratch / "laid")
+            layout = lay_out(recorder, scratch / recorder.dst.name)  # the name: a manifest holds it
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
@@ -248,20 +246,65 @@ def _write(
             error = _message(e)
         everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
 
-        error = None
-        if rank == 0:
-            try:  # laid out again inside the temporary (removed with it, or by the next run if this one dies)
-                laid = Path(stage).parent / ".dcpstudio-layout"
-                final = lay_out(recorder, laid, combine_crcs(layout, everyone) if layout.crc else None)
-                if final.digest() != layout.digest():
-                    raise DCPStudioError("internal error: the output laid out again differs")
-                overlay(final, laid, Path(stage))
-                shutil.rmtree(laid) if laid.is_dir() else laid.unlink()
-                stack.close()  # publishes: the rename into place
+        crcs_all = combine_crcs(layout, everyone) if layout.crc else None
+        replay: Replay | None = None
+        if layout.spans:  # a manifest: the tensors' digests from the written bytes, each rank its share
+            error = None
+            mine: list[Any] = []
+            try:
+                jobs = piece_jobs(layout.tensors)
+                picked = split_shares([j[3] for j in jobs], world)[rank]
+                mine = piece_digests(Path(stage), [jobs[i] for i in picked], check)
             except Exception as e:
                 error = _message(e)
-        _agree(error, None)
+            digests: list[list[Any]] = [[] for _ in layout.tensors]
+            for k, at, piece in sorted((d for got in _agree(error, mine) for d in got), key=lambda d: (d[0], d[1])):
+                digests[k].append(piece)
+            replay = Replay(digests)
+        _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, None if layout.spans else stack)
+        if layout.spans and replay is not None:  # the headers are final: the files' digests, then the manifest
+            error = None
+            hashed: list[tuple[int, str]] = []
+            try:
+                spans = [(k, *span) for k, span in enumerate(layout.spans)]
+                picked = split_shares([b - a for _, _, a, b in spans], world)[rank]
+                hashed = span_digests(Path(stage), [spans[i] for i in picked], check)
+            except Exception as e:
+                error = _message(e)
+            shas = dict(d for got in _agree(error, hashed) for d in got)
+            replay = Replay(replay.pieces, [shas[k] for k in range(len(layout.spans))])
+            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack)
     return RankShare(rank, share, len(pieces), time.monotonic() - started)
+
+
+def _publish(
+    recorder: Recorder,
+    layout: Layout,
+    lead: bool,
+    stage: Path,
+    crcs: list[int] | None,
+    replay: Replay | None,
+    stack: ExitStack | None,
+) -> None:
+    """Rank 0 lays the output out again (``crcs``, ``replay``'s digests) inside the temporary --
+    removed with it, or by the next run if this one dies -- and copies in what is not tensor bytes;
+    with ``stack``, it then publishes (the rename into place). Every rank waits for it."""
+    error = None
+    if lead:
+        try:
+            laid = stage.parent / ".dcpstudio-layout"
+            shutil.rmtree(laid, ignore_errors=True)
+            laid.mkdir()
+            final = lay_out(recorder, laid / recorder.dst.name, crcs, replay)  # the name: a manifest holds it
+            if final.digest(sizes=False) != layout.digest(sizes=False):
+                raise DCPStudioError("internal error: the output laid out again differs")
+            overlay(final, laid / recorder.dst.name, stage)
+            shutil.rmtree(laid)
+            if stack is not None:
+                stack.close()
+        except Exception as e:
+            error = _message(e)
+    _agree(error, None)
 
 
 def convert_rank(
