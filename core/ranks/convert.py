@@ -47,9 +47,9 @@ from ..ops.convert.layout import (
     split_by_bytes,
     write_pieces,
 )
+from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..ops.convert.replay import Replay, piece_digests, piece_jobs, span_digests
 from ..ops.convert.replay import shares as split_shares
-from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..progress import CancelToken, Progress, ProgressCallback
 
 __all__ = [
@@ -258,8 +258,8 @@ def _write(
             except Exception as e:
                 error = _message(e)
             digests: list[list[Any]] = [[] for _ in layout.tensors]
-            for k, at, piece in sorted((d for got in _agree(error, mine) for d in got), key=lambda d: (d[0], d[1])):
-                digests[k].append(piece)
+            for k, _, piece in sorted((d for got in _agree(error, mine) for d in got), key=lambda d: (d[0], d[1])):
+                digests[k].append(piece)  # in the tensor's order: the ranks' pieces joined
             replay = Replay(digests)
         _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, None if layout.spans else stack)
         if layout.spans and replay is not None:  # the headers are final: the files' digests, then the manifest

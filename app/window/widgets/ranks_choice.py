@@ -57,9 +57,7 @@ class RanksChoice:
 
             with warnings.catch_warnings():  # notes come back in the result and are shown in the report
                 warnings.simplefilter("ignore", UserWarning)
-                result, shares = run_convert(
-                    source, dst, ranks=ranks, on_progress=progress, cancel=cancel, **options
-                )
+                result, shares = run_convert(source, dst, ranks=ranks, on_progress=progress, cancel=cancel, **options)
             each = ", ".join(f"rank {s.rank} {human_bytes(s.nbytes)} in {s.seconds:.2f} s" for s in shares)
             said = f"on {plural(ranks, 'rank')}: {each}"
             return replace(result, notes=(said, *result.notes))
