@@ -10,6 +10,12 @@ rank writes its share of the tensor bytes there with positioned writes and retur
 each piece; rank 0 lays the output out again with the combined CRCs, copies in its headers, pickles,
 ZIP directories and -- last -- ``.metadata`` or the index, flushes, and renames it into place.
 
+With a manifest (the single-process writer reads its output back for one), the ranks read the
+written bytes back instead: each rank its share of the tensors' 16 MiB pieces, and -- once rank 0
+has copied in the final headers -- its share of the files' hashed spans
+(:mod:`~..ops.convert.replay`); rank 0 lays the output out a last time with those digests in place
+of a read-back, so the writer itself writes the manifest, where and as one process writes it.
+
 Each step ends in a collective that carries every rank's error: a failure anywhere (an exception,
 SIGTERM or SIGINT -- torchrun sends SIGTERM to the survivors when a rank dies -- or a rank killed
 outright, which breaks its peers' connections) makes every rank raise, and rank 0 removes the

@@ -12,6 +12,9 @@ share is cut at element boundaries -- and :func:`write_pieces` writes a rank's r
 writes, computing them from the source range by range (a cast reads exactly the source elements it
 needs). A ZIP record needs the CRC-32 of its whole: each piece's CRC is returned, and
 :func:`combine_crcs` joins them; laid out again with them, the headers are final (:func:`overlay`).
+A manifest is laid out the same way: the writer's read-back is a :class:`~.replay.Replay`, which
+records what it would read (:attr:`Layout.tensors`, :attr:`Layout.spans`) and, given the digests
+the ranks computed from the output, returns them as its records.
 """
 
 from __future__ import annotations

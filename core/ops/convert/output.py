@@ -56,7 +56,8 @@ INDEX_FILE = "model.safetensors.index.json"
 Target = Literal["dcp", "torch", "safetensors"]
 PayloadHook = Callable[[TensorRef], "Payload | Hole"]
 """What a writer takes a tensor's bytes from instead of reading them itself: a distributed
-conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and writes no manifest)."""
+conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and its manifest comes from a
+stand-in reader, :class:`~.replay.Replay`, given the ranks' digests)."""
 
 
 @dataclass(frozen=True)
