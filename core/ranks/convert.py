@@ -54,8 +54,7 @@ from ..ops.convert.layout import (
     write_pieces,
 )
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
-from ..ops.convert.replay import Replay, piece_digests, piece_jobs, span_digests
-from ..ops.convert.replay import shares as split_shares
+from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, span_digests
 from ..progress import CancelToken, Progress, ProgressCallback
 
 __all__ = [
@@ -253,34 +252,55 @@ def _write(
         everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
 
         crcs_all = combine_crcs(layout, everyone) if layout.crc else None
-        replay: Replay | None = None
-        if layout.spans:  # a manifest: the tensors' digests from the written bytes, each rank its share
-            error = None
-            mine: list[Any] = []
-            try:
-                jobs = piece_jobs(layout.tensors)
-                picked = split_shares([j[3] for j in jobs], world)[rank]
-                mine = piece_digests(Path(stage), [jobs[i] for i in picked], check)
-            except Exception as e:
-                error = _message(e)
-            digests: list[list[Any]] = [[] for _ in layout.tensors]
-            for k, _, piece in sorted((d for got in _agree(error, mine) for d in got), key=lambda d: (d[0], d[1])):
-                digests[k].append(piece)  # in the tensor's order: the ranks' pieces joined
-            replay = Replay(digests)
-        _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, None if layout.spans else stack)
-        if layout.spans and replay is not None:  # the headers are final: the files' digests, then the manifest
-            error = None
-            hashed: list[tuple[int, str]] = []
-            try:
-                spans = [(k, *span) for k, span in enumerate(layout.spans)]
-                picked = split_shares([b - a for _, _, a, b in spans], world)[rank]
-                hashed = span_digests(Path(stage), [spans[i] for i in picked], check)
-            except Exception as e:
-                error = _message(e)
-            shas = dict(d for got in _agree(error, hashed) for d in got)
-            replay = Replay(replay.pieces, [shas[k] for k in range(len(layout.spans))])
+        if not layout.spans:  # no manifest
+            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, None, stack)
+        else:  # the tensors' pieces, and the spans that are tensor bytes only, read back; each rank its share
+            early = [k for k, span in enumerate(layout.spans) if _in_holes(layout, span)]
+            digests, shas = _read_back(layout, Path(stage), True, early, check)
+            late = [k for k in range(len(layout.spans)) if k not in shas]
+            if late:  # the other spans once the headers are final (DCP data files, a torch.save prefix)
+                _publish(recorder, layout, rank == 0, Path(stage), crcs_all, Replay(digests), None)
+                shas.update(_read_back(layout, Path(stage), False, late, check)[1])
+            replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
             _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack)
     return RankShare(rank, share, len(pieces), time.monotonic() - started)
+
+
+def _in_holes(layout: Layout, span: tuple[str, int, int]) -> bool:
+    """Whether the span's bytes are all tensor bytes (final once the ranks wrote them)."""
+    name, at, end = span
+    for offset, n in sorted((h[1], h[2]) for h in layout.holes if h[0] == name):
+        if offset <= at < offset + n:
+            at = offset + n
+    return at >= end
+
+
+def _read_back(
+    layout: Layout, stage: Path, pieces: bool, spans: list[int], check: Callable[[], None]
+) -> tuple[list[list[Any]], dict[int, str]]:
+    """This rank's share of the tensors' pieces (with ``pieces``) and of the hashed spans numbered
+    ``spans``, read back from the output at ``stage``; every rank's, gathered: each tensor's piece
+    digests in order, and each span's SHA-256."""
+    import torch.distributed as dist
+
+    jobs = piece_jobs(layout.tensors) if pieces else []
+    spanned = [(k, *layout.spans[k]) for k in spans]
+    picked = balance([j[3] for j in jobs] + [b - a for _, _, a, b in spanned], dist.get_world_size())
+    mine = sorted(picked[dist.get_rank()])
+    error = None
+    done: tuple[list[Any], list[tuple[int, str]]] = ([], [])
+    try:
+        done = (
+            piece_digests(stage, [jobs[i] for i in mine if i < len(jobs)], check),
+            span_digests(stage, [spanned[i - len(jobs)] for i in mine if i >= len(jobs)], check),
+        )
+    except Exception as e:
+        error = _message(e)
+    gathered = _agree(error, done)
+    digests: list[list[Any]] = [[] for _ in layout.tensors]
+    for k, _, piece in sorted((d for got in gathered for d in got[0]), key=lambda d: (d[0], d[1])):
+        digests[k].append(piece)  # in the tensor's order: the ranks' pieces joined
+    return digests, {k: sha for got in gathered for k, sha in got[1]}
 
 
 def _publish(

@@ -6,7 +6,7 @@ file, a safetensors file's data section, a torch.save file up to its manifest re
 pass runs that very writer with the tensor bytes left as holes and a :class:`Replay` in the
 reader's place: it records where each tensor and each hashed span lies, and -- once the ranks have
 written the bytes and computed those digests from the output (:func:`piece_digests`,
-:func:`span_digests`, each rank its share: :func:`shares`) -- hands the writer the very records a
+:func:`span_digests`, each rank its share: :func:`balance`) -- hands the writer the very records a
 read-back would have given, in the order it asks for them. The manifest the writer then lays out
 is the single-process one, byte for byte.
 """
@@ -24,7 +24,7 @@ from ...formats.manifest import tensor_record
 from ...formats.readback import ReadBack, _File
 from ...io.raw import pread_into
 
-__all__ = ["Replay", "piece_digests", "piece_jobs", "shares", "span_digests"]
+__all__ = ["Replay", "balance", "piece_digests", "piece_jobs", "span_digests"]
 
 _READ = 1 << 20
 _UNKNOWN = "0" * 64  # a file's SHA-256 before the ranks computed it: same length, so the same layout
@@ -108,14 +108,15 @@ def piece_jobs(tensors: Sequence[tuple[str, int, int, str]]) -> list[tuple[int, 
     ]
 
 
-def shares(sizes: Sequence[int], world: int) -> list[list[int]]:
-    """The indices of ``sizes`` cut into ``world`` contiguous runs of about equal total."""
-    total = sum(sizes)
+def balance(sizes: Sequence[int], world: int) -> list[list[int]]:
+    """The indices of ``sizes`` shared between ``world`` ranks, the largest first to the least
+    loaded (the same on every rank): a file's SHA-256 cannot be split, its tensors' pieces can."""
+    loads = [0] * world
     out: list[list[int]] = [[] for _ in range(world)]
-    before = 0
-    for i, n in enumerate(sizes):
-        out[min(world - 1, (before + n // 2) * world // max(total, 1))].append(i)
-        before += n
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world), key=lambda r: (loads[r], r))
+        out[r].append(i)
+        loads[r] += sizes[i]
     return out
 
 
