@@ -140,7 +140,7 @@ def main() -> None:
                         t0 = time.perf_counter()
                         os.sync()  # torch's writer does not flush; ours fsyncs before it returns
                         seconds += time.perf_counter() - t0
-                        rows = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", stdout)]  # the ranks' lines may interleave
+                        rows = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", stdout)]  # lines may interleave
                         shares[(case, name)] = [row["bytes"] for row in sorted(rows, key=lambda x: x["rank"])]
                         busy = max(row["seconds"] for row in rows)
                     elif "ranks" in name:
