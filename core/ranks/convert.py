@@ -262,7 +262,8 @@ def _write(
                 _publish(recorder, layout, rank == 0, Path(stage), crcs_all, Replay(digests), None)
                 shas.update(_read_back(layout, Path(stage), False, late, check)[1])
             replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
-            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack)
+            kept = [layout.spans[k] for k in late]  # as hashed: laid out again, a DCP's archives get new ids
+            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack, kept)
     return RankShare(rank, share, len(pieces), time.monotonic() - started)
 
 
@@ -312,10 +313,12 @@ def _publish(
     crcs: list[int] | None,
     replay: Replay | None,
     stack: ExitStack | None,
+    kept: list[tuple[str, int, int]] | None = None,
 ) -> None:
     """Rank 0 lays the output out again (``crcs``, ``replay``'s digests) inside the temporary --
     removed with it, or by the next run if this one dies -- and copies in what is not tensor bytes;
-    with ``stack``, it then publishes (the rename into place). Every rank waits for it."""
+    ``kept``: spans left as they are. With ``stack``, it then publishes (the rename into place).
+    Every rank waits for it."""
     error = None
     if lead:
         try:
@@ -323,9 +326,10 @@ def _publish(
             shutil.rmtree(laid, ignore_errors=True)
             laid.mkdir()
             final = lay_out(recorder, laid / recorder.dst.name, crcs, replay)  # the name: a manifest holds it
-            if final.digest(sizes=False) != layout.digest(sizes=False):
+            sizes = not layout.spans  # a manifest's length is known last
+            if final.digest(sizes=sizes) != layout.digest(sizes=sizes):
                 raise DCPStudioError("internal error: the output laid out again differs")
-            overlay(final, laid / recorder.dst.name, stage)
+            overlay(final, laid / recorder.dst.name, stage, kept or ())
             shutil.rmtree(laid)
             if stack is not None:
                 stack.close()

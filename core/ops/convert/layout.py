@@ -357,13 +357,15 @@ def create_files(layout: Layout, root: Path) -> None:
             f.truncate(size)
 
 
-def overlay(layout: Layout, laid: Path, root: Path) -> None:
-    """Copy what the writer wrote at ``laid`` (everything but the holes: headers, pickles,
-    directories, whole files such as ``.metadata`` -- last) into the output at ``root``, and flush
-    every file."""
+def overlay(layout: Layout, laid: Path, root: Path, kept: Sequence[tuple[str, int, int]] = ()) -> None:
+    """Copy what the writer wrote at ``laid`` (everything but the holes and the ``kept`` spans
+    ``(file, start, end)``: headers, pickles, directories, whole files such as ``.metadata`` --
+    last) into the output at ``root``, and flush every file."""
     gaps: dict[str, list[tuple[int, int]]] = {}
     for name, offset, n, _ in layout.holes:
         gaps.setdefault(name, []).append((offset, offset + n))
+    for name, start, end in kept:  # already hashed for the manifest: a second layout's random ids stay out
+        gaps.setdefault(name, []).append((start, end))
     names = sorted(
         layout.files, key=lambda n: (n.rsplit("/", 1)[-1] in (".metadata", "model.safetensors.index.json"), n)
     )
