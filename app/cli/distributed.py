@@ -62,17 +62,12 @@ class RanksProgress:
 def _options(args: argparse.Namespace, mapping: bool, to: str | None) -> dict[str, Any]:
     if getattr(args, "for_ranks", None) is not None or getattr(args, "layout", None) or getattr(args, "mesh", None):
         raise UsageError("--for-ranks (resharding) runs on one process: drop --ranks, or run it outside torchrun")
-    if args.manifest:
-        raise UsageError(
-            "a conversion on ranks writes no manifest yet (its digests would need combining across ranks): add "
-            "--no-manifest, or convert on one process"
-        )
     common = dict(
         overwrite=args.overwrite,
         trust_pickle=args.trust_pickle,
         to=to,
         max_shard_size=args.max_shard_size,
-        manifest=False,
+        manifest=args.manifest,
     )
     if mapping:
         return dict(

@@ -89,7 +89,7 @@ def _add_ranks(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="convert on N local ranks, the tensor bytes split between them by size (the output is the same, byte for "
-        "byte, with --no-manifest: ranks write none yet); omit under torchrun",
+        "byte, manifest included); omit under torchrun",
     )
     g.add_argument(
         "--timeout", type=float, default=1800.0, help="seconds before the ranks give up on each other (default: 1800)"

@@ -10,6 +10,12 @@ rank writes its share of the tensor bytes there with positioned writes and retur
 each piece; rank 0 lays the output out again with the combined CRCs, copies in its headers, pickles,
 ZIP directories and -- last -- ``.metadata`` or the index, flushes, and renames it into place.
 
+With a manifest (the single-process writer reads its output back for one), the ranks read the
+written bytes back instead: each rank its share of the tensors' 16 MiB pieces, and -- once rank 0
+has copied in the final headers -- its share of the files' hashed spans
+(:mod:`~..ops.convert.replay`); rank 0 lays the output out a last time with those digests in place
+of a read-back, so the writer itself writes the manifest, where and as one process writes it.
+
 Each step ends in a collective that carries every rank's error: a failure anywhere (an exception,
 SIGTERM or SIGINT -- torchrun sends SIGTERM to the survivors when a rank dies -- or a rank killed
 outright, which breaks its peers' connections) makes every rank raise, and rank 0 removes the
@@ -37,8 +43,18 @@ from typing import Any
 from ..errors import CancelledError, DCPStudioError
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.convert import convert
-from ..ops.convert.layout import Recorder, combine_crcs, create_files, lay_out, overlay, split_by_bytes, write_pieces
+from ..ops.convert.layout import (
+    Layout,
+    Recorder,
+    combine_crcs,
+    create_files,
+    lay_out,
+    overlay,
+    split_by_bytes,
+    write_pieces,
+)
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
+from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, span_digests
 from ..progress import CancelToken, Progress, ProgressCallback
 
 __all__ = [
@@ -47,7 +63,6 @@ __all__ = [
     "check_plan",
     "convert_on_ranks",
     "convert_rank",
-    "refuse_manifest",
     "refuse_remote",
     "run_convert",
 ]
@@ -68,16 +83,6 @@ class RankShare:
 
 class _Failed(DCPStudioError):
     """A peer's error, raised on every rank after a collective that carried it."""
-
-
-def refuse_manifest(options: dict[str, Any]) -> None:
-    """Manifests hold digests of whole tensors and files; ranks that each write pieces do not make
-    them yet, and an output without one is not the single-process output: refused, not dropped."""
-    if options.get("manifest", True):
-        raise DCPStudioError(
-            "a conversion on ranks writes no manifest yet: pass manifest=False (--no-manifest), or convert on one "
-            "process"
-        )
 
 
 def refuse_remote(dst: Any) -> None:
@@ -141,7 +146,6 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets:
 
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
-    refuse_manifest(options)
     refuse_remote(dst)
     return _plan(src, dst, options, Recorder().writers(), assets=False)
 
@@ -176,7 +180,6 @@ def convert_on_ranks(
         if not (warn and rank == 0):  # said once: by rank 0, or by the parent that started the ranks
             warnings.simplefilter("ignore")
         try:
-            refuse_manifest(options or {})
             refuse_remote(dst)
             result = _plan(src, dst, dict(options or {}), writers, assets=rank == 0)
         except _Failed:
@@ -201,7 +204,7 @@ def _write(
         digest = None
         scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
         try:  # the layout is kept, its files are not: a rank killed later leaves nothing here
-            layout = lay_out(recorder, scratch / "laid")
+            layout = lay_out(recorder, scratch / recorder.dst.name)  # the name: a manifest holds it
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
@@ -248,20 +251,91 @@ def _write(
             error = _message(e)
         everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
 
-        error = None
-        if rank == 0:
-            try:  # laid out again inside the temporary (removed with it, or by the next run if this one dies)
-                laid = Path(stage).parent / ".dcpstudio-layout"
-                final = lay_out(recorder, laid, combine_crcs(layout, everyone) if layout.crc else None)
-                if final.digest() != layout.digest():
-                    raise DCPStudioError("internal error: the output laid out again differs")
-                overlay(final, laid, Path(stage))
-                shutil.rmtree(laid) if laid.is_dir() else laid.unlink()
-                stack.close()  # publishes: the rename into place
-            except Exception as e:
-                error = _message(e)
-        _agree(error, None)
+        crcs_all = combine_crcs(layout, everyone) if layout.crc else None
+        if not layout.spans:  # no manifest
+            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, None, stack)
+        else:  # the tensors' pieces, and the spans that are tensor bytes only, read back; each rank its share
+            early = [k for k, span in enumerate(layout.spans) if _in_holes(layout, span)]
+            digests, shas = _read_back(layout, Path(stage), True, early, check)
+            late = [k for k in range(len(layout.spans)) if k not in shas]
+            if late:  # the other spans once the headers are final (DCP data files, a torch.save prefix)
+                _publish(recorder, layout, rank == 0, Path(stage), crcs_all, Replay(digests), None)
+                shas.update(_read_back(layout, Path(stage), False, late, check)[1])
+            replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
+            kept = [layout.spans[k] for k in late]  # as hashed: laid out again, a DCP's archives get new ids
+            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack, kept)
     return RankShare(rank, share, len(pieces), time.monotonic() - started)
+
+
+def _in_holes(layout: Layout, span: tuple[str, int, int]) -> bool:
+    """Whether the span's bytes are all tensor bytes (final once the ranks wrote them)."""
+    name, at, end = span
+    for offset, n in sorted((h[1], h[2]) for h in layout.holes if h[0] == name):
+        if offset <= at < offset + n:
+            at = offset + n
+    return at >= end
+
+
+def _read_back(
+    layout: Layout, stage: Path, pieces: bool, spans: list[int], check: Callable[[], None]
+) -> tuple[list[list[Any]], dict[int, str]]:
+    """This rank's share of the tensors' pieces (with ``pieces``) and of the hashed spans numbered
+    ``spans``, read back from the output at ``stage``; every rank's, gathered: each tensor's piece
+    digests in order, and each span's SHA-256."""
+    import torch.distributed as dist
+
+    jobs = piece_jobs(layout.tensors) if pieces else []
+    spanned = [(k, *layout.spans[k]) for k in spans]
+    costs = [j[3] * 7 // 5 for j in jobs] + [b - a for _, _, a, b in spanned]  # a piece: SHA-256 and moments
+    picked = balance(costs, dist.get_world_size())
+    mine = sorted(picked[dist.get_rank()])
+    error = None
+    done: tuple[list[Any], list[tuple[int, str]]] = ([], [])
+    try:
+        done = (
+            piece_digests(stage, [jobs[i] for i in mine if i < len(jobs)], check),
+            span_digests(stage, [spanned[i - len(jobs)] for i in mine if i >= len(jobs)], check),
+        )
+    except Exception as e:
+        error = _message(e)
+    gathered = _agree(error, done)
+    digests: list[list[Any]] = [[] for _ in layout.tensors]
+    for k, _, piece in sorted((d for got in gathered for d in got[0]), key=lambda d: (d[0], d[1])):
+        digests[k].append(piece)  # in the tensor's order: the ranks' pieces joined
+    return digests, {k: sha for got in gathered for k, sha in got[1]}
+
+
+def _publish(
+    recorder: Recorder,
+    layout: Layout,
+    lead: bool,
+    stage: Path,
+    crcs: list[int] | None,
+    replay: Replay | None,
+    stack: ExitStack | None,
+    kept: list[tuple[str, int, int]] | None = None,
+) -> None:
+    """Rank 0 lays the output out again (``crcs``, ``replay``'s digests) inside the temporary --
+    removed with it, or by the next run if this one dies -- and copies in what is not tensor bytes;
+    ``kept``: spans left as they are. With ``stack``, it then publishes (the rename into place).
+    Every rank waits for it."""
+    error = None
+    if lead:
+        try:
+            laid = stage.parent / ".dcpstudio-layout"
+            shutil.rmtree(laid, ignore_errors=True)
+            laid.mkdir()
+            final = lay_out(recorder, laid / recorder.dst.name, crcs, replay)  # the name: a manifest holds it
+            sizes = not layout.spans  # a manifest's length is known last
+            if final.digest(sizes=sizes) != layout.digest(sizes=sizes):
+                raise DCPStudioError("internal error: the output laid out again differs")
+            overlay(final, laid / recorder.dst.name, stage, kept or ())
+            shutil.rmtree(laid)
+            if stack is not None:
+                stack.close()
+        except Exception as e:
+            error = _message(e)
+    _agree(error, None)
 
 
 def convert_rank(

@@ -1,5 +1,5 @@
 """The Convert panel's "Ranks" choice: the same conversion on N local ranks, as a Job with a bar per
-rank, writing the bytes one process writes."""
+rank, writing the bytes one process writes (its manifest included)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_convert_on_two_ranks_from_the_panel(
     monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "window")
     torch.save({"w": torch.randn(300, 200), "b": torch.randn(7).to(torch.bfloat16)}, tmp_path / "src.pt")
     (tmp_path / "one").mkdir()
-    convert(tmp_path / "src.pt", tmp_path / "one" / "out.safetensors", to="safetensors", dtype="bf16", manifest=False)
+    convert(tmp_path / "src.pt", tmp_path / "one" / "out.safetensors", to="safetensors", dtype="bf16")
     panel = window.panel
     assert panel.ranks.spin.maximum() >= 2
     panel.ranks.spin.setValue(2)
@@ -31,4 +31,5 @@ def test_convert_on_two_ranks_from_the_panel(
     qtbot.waitUntil(lambda: panel.last_result is not None, timeout=60_000)
     assert dst.read_bytes() == (tmp_path / "one" / "out.safetensors").read_bytes()
     assert [b.value() for b in panel.ranks._bars] == [100, 100]
-    assert "on 2 ranks: rank 0" in panel.report.toPlainText() and "without a manifest" in panel.report.toPlainText()
+    assert "on 2 ranks: rank 0" in panel.report.toPlainText()
+    assert b"dcpstudio.manifest" in dst.read_bytes()[:4096]

@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 import torch
 
-from dcpstudio.core import convert
+from dcpstudio.core import convert, open_checkpoint
 from dcpstudio.core.io.crc import crc32_combine
 from dcpstudio.core.ops.convert.layout import GRAIN, Layout, split_by_bytes
+from dcpstudio.core.ops.integrity import check_path, digests
+from dcpstudio.core.ops.integrity.manifests import read_manifest
 from dcpstudio.core.ranks.convert import KILL_VARIABLE, run_convert
 from dcpstudio.core.ranks.launch import LaunchError, free_port
 
@@ -32,7 +34,6 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("out.safetensors", {"to": "safetensors", "exclude": "^step$"}),
     ("shards/", {"to": "safetensors", "max_shard_size": 150_000, "exclude": "^step$", "dtype": "bf16"}),
 ]
-CASES = [(name, {**options, "manifest": False}) for name, options in CASES]  # ranks write no manifest yet
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -88,7 +89,18 @@ def test_split_by_bytes_balances_any_layout(world: int) -> None:
                     assert p.start % GRAIN == 0 and (p.end % GRAIN == 0 or p.end == n)
 
 
+def _whole_and_hashed(path: Path) -> None:
+    """``check`` finds it whole (its files' SHA-256 as recorded), and ``hash`` gives the digests recorded."""
+    m = read_manifest(path)
+    assert m is not None and m.tensors and m.files, path
+    assert check_path(path).whole, path
+    with open_checkpoint(path) as ckpt:
+        hashed = {d.fqn: d.digest for d in digests(ckpt) if d.fqn in m.tensors}
+    assert hashed == {n: r["digest"] for n, r in m.tensors.items()}, path
+
+
 def test_ranks_write_the_single_process_bytes(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Manifest included: the digests and moments of tensors cut between ranks, the files' SHA-256."""
     monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
     warnings.simplefilter("ignore")
     one, many = tmp_path / "one", tmp_path / "many"
@@ -103,7 +115,33 @@ def test_ranks_write_the_single_process_bytes(source: Path, tmp_path: Path, monk
         assert result.tensors == 16 and sum(s.nbytes for s in shares) > 0
         total = sum(s.nbytes for s in shares)
         assert all(abs(s.nbytes - total / len(shares)) <= 0.1 * total / len(shares) for s in shares), shares
+        _whole_and_hashed(many / name)
     assert torch.equal(torch.load(many / "out.pt", weights_only=True)["big"], torch.load(source)["big"])
+
+
+def test_a_tensor_cut_between_ranks_on_the_piece_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 MiB tensor (4 pieces of the digest's 16 MiB) is cut between 2 ranks at 32 MiB: its digest
+    and moments are combined from both ranks' pieces, as the single-process read-back computes them."""
+    monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "test")
+    warnings.simplefilter("ignore")
+    g = torch.Generator().manual_seed(1)
+    src = tmp_path / "big.pt"
+    huge = torch.randn(GRAIN, generator=g)  # 4 bytes each: 64 MiB
+    huge[12345] = float("nan")
+    torch.save({"huge": huge.reshape(4096, -1), "small": torch.randn(70, 30, generator=g)}, src)
+    del huge
+    for folder in ("one", "many"):
+        (tmp_path / folder).mkdir()
+    for name, options in (("big.safetensors", {"to": "safetensors"}), ("big_dcp", {"to": "dcp"})):
+        monkeypatch.chdir(tmp_path / "one")
+        convert(src, name, **options)
+        monkeypatch.chdir(tmp_path / "many")
+        _, shares = run_convert(src, name, ranks=2, timeout=120, **options)
+        assert min(s.nbytes for s in shares) > GRAIN, shares  # both ranks wrote part of it
+        assert _same(tmp_path / "one" / name, tmp_path / "many" / name), name
+        m = read_manifest(tmp_path / "many" / name)
+        assert m is not None and m.tensors["huge"]["nan"] == 1
+        _whole_and_hashed(tmp_path / "many" / name)
 
 
 def test_a_killed_rank_publishes_nothing(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,6 +153,10 @@ def test_a_killed_rank_publishes_nothing(source: Path, tmp_path: Path, monkeypat
         assert os.listdir(tmp_path) == []  # no output, no temporary
     if os.path.isdir("/dev/shm"):
         assert not {n for n in set(os.listdir("/dev/shm")) - shm if n.startswith("dcpstudio-layout-")}
+    monkeypatch.delenv(KILL_VARIABLE)
+    monkeypatch.delenv("DCPSTUDIO_SAVE_ID", raising=False)  # random save ids: the manifest records rank 0's last
+    run_convert(source, tmp_path / "out_dcp", ranks=2, timeout=120, **CASES[2][1])
+    _whole_and_hashed(tmp_path / "out_dcp")
 
 
 def test_refused_before_any_rank_starts(source: Path, tmp_path: Path) -> None:
@@ -122,9 +164,7 @@ def test_refused_before_any_rank_starts(source: Path, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="already exists"):
         run_convert(source, tmp_path / "taken.pt", ranks=2, manifest=False)
     with pytest.raises(Exception, match="object store cannot take"):
-        run_convert(source, "s3://bucket/out", ranks=2, manifest=False)
-    with pytest.raises(Exception, match="writes no manifest yet"):  # refused, not written without one
-        run_convert(source, tmp_path / "out.pt", ranks=2)
+        run_convert(source, "s3://bucket/out", ranks=2)
     assert sorted(os.listdir(tmp_path)) == ["taken.pt"]
 
 
@@ -133,13 +173,13 @@ def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
     """``torchrun --nnodes 2`` on 127.0.0.1: two agents rendezvous, one rank each, through the CLI."""
     env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test", "OMP_NUM_THREADS": "1"}
     (tmp_path / "one").mkdir()
-    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
+    single = [sys.executable, "-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16"]
     subprocess.run(single, cwd=tmp_path / "one", env=env, check=True, timeout=120)
     (tmp_path / "many").mkdir()
     port = free_port()
     run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
     rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    job = ["-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16", "--no-manifest"]
+    job = ["-m", "dcpstudio", "convert", str(source), "out_dcp", "--dtype", "bf16"]
     nodes = [
         subprocess.Popen(
             [*run, "--node-rank", str(node), *rendezvous, *job],
@@ -163,6 +203,7 @@ def test_two_nodes_under_torchrun(source: Path, tmp_path: Path) -> None:
     assert [p.returncode for p in nodes] == [0, 0], [o[1][-1500:] for o in outs]
     assert "on 2 ranks" in outs[0][0] and "rank 1:" in outs[0][0]
     assert _same(tmp_path / "one" / "out_dcp", tmp_path / "many" / "out_dcp")
+    _whole_and_hashed(tmp_path / "many" / "out_dcp")
 
 
 def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,7 +213,7 @@ def test_a_dcp_saved_by_three_ranks(multirank_dcp: Path, tmp_path: Path, monkeyp
     for folder in ("one", "many"):
         (tmp_path / folder).mkdir()
     cases = [("out.pt", {"to": "torch"}), ("out.safetensors", {"to": "safetensors", "dtype": "bf16"})]
-    for name, options in [(n, {**o, "manifest": False}) for n, o in cases]:
+    for name, options in [cases[0], (cases[1][0], {**cases[1][1], "manifest": False})]:  # with and without one
         monkeypatch.chdir(tmp_path / "one")
         convert(multirank_dcp, name, **options)
         monkeypatch.chdir(tmp_path / "many")
@@ -190,18 +231,15 @@ def test_a_mapped_conversion_on_ranks(tmp_path: Path) -> None:
     for out, extra in ((one, []), (many, ["--ranks", "2"])):
         out.parent.mkdir()
         argv = ["convert", str(src), str(out), "--mapping", "torchtitan-llama3", "--config", str(cfg), "-q", *extra]
-        argv.append("--no-manifest")
         assert main(argv) == 0
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in many.iterdir())
     assert _same(one, many)
 
 
 def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    """Usage errors before any rank starts: manifests (ranks write none yet), a named command under torchrun."""
+    """Usage errors before any rank starts: resharding, a named command under torchrun."""
     from dcpstudio.cli.main import main
 
-    assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "2"]) == 2
-    assert "--no-manifest" in capsys.readouterr().err
     assert main(["convert", str(source), str(tmp_path / "a.pt"), "--ranks", "0", "--no-manifest"]) == 2
     capsys.readouterr()
     assert main(["convert", str(source), str(tmp_path / "d"), "--ranks", "2", "--no-manifest", "--for-ranks", "2"]) == 2

@@ -18,6 +18,7 @@ wrote (ours: the summary ``--ranks`` prints; torch's: the output
 files each rank was assigned), with their spread from the mean.
 
     python tests/perf/bench_scale.py --rounds 3
+    python tests/perf/bench_scale.py --rounds 3 --manifest   # ours with their manifests (one process and ranks)
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def _spread(shares: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--manifest", action="store_true", help="ours write their manifest (default: --no-manifest)")
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one on the work disk)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.dir or os.path.expanduser("~")))
@@ -113,7 +115,7 @@ def main() -> None:
             info = json.loads(_run(maker, env)[1])
             print(f"{case}: {src.stat().st_size / 2**30:.2f} GiB, {info['tensors']} tensors, "
                   f"largest {info['largest'] / 2**30:.2f} GiB")  # fmt: skip
-            extra = [*(["--dtype", "bf16"] if case == "cast" else []), "--no-manifest"]  # ranks write none yet
+            extra = [*(["--dtype", "bf16"] if case == "cast" else []), *([] if args.manifest else ["--no-manifest"])]
             contenders = {
                 "dcpstudio, 1 process": lambda dst, extra=extra, src=src: [
                     sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), *extra],
@@ -138,7 +140,7 @@ def main() -> None:
                         t0 = time.perf_counter()
                         os.sync()  # torch's writer does not flush; ours fsyncs before it returns
                         seconds += time.perf_counter() - t0
-                        rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+                        rows = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", stdout)]  # lines may interleave
                         shares[(case, name)] = [row["bytes"] for row in sorted(rows, key=lambda x: x["rank"])]
                         busy = max(row["seconds"] for row in rows)
                     elif "ranks" in name:

@@ -28,7 +28,7 @@ class RanksChoice:
         self.spin.setValue(1)
         self.spin.setToolTip(
             "Convert on this many local ranks, the tensor bytes split between them by size; the output is the same, "
-            "byte for byte, but without a manifest: ranks write none yet (1: in this process, with its manifest)"
+            "byte for byte, manifest included (1: in this process)"
         )
         self.bars = QWidget(parent)
         self._row = QHBoxLayout(self.bars)
@@ -57,11 +57,9 @@ class RanksChoice:
 
             with warnings.catch_warnings():  # notes come back in the result and are shown in the report
                 warnings.simplefilter("ignore", UserWarning)
-                result, shares = run_convert(
-                    source, dst, ranks=ranks, on_progress=progress, cancel=cancel, **options, manifest=False
-                )
+                result, shares = run_convert(source, dst, ranks=ranks, on_progress=progress, cancel=cancel, **options)
             each = ", ".join(f"rank {s.rank} {human_bytes(s.nbytes)} in {s.seconds:.2f} s" for s in shares)
-            said = f"on {plural(ranks, 'rank')}: {each}; written without a manifest (ranks write none yet)"
+            said = f"on {plural(ranks, 'rank')}: {each}"
             return replace(result, notes=(said, *result.notes))
 
         return work

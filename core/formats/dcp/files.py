@@ -255,6 +255,7 @@ def write_dcp(
     files: int | None = None,
     max_file_size: int | None = None,
     manifest: Manifest | None = None,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> None:
     """Write ``items`` as a DCP checkpoint into the new directory ``directory``: values first,
     then tensors (as torch's writer orders them), each tensor's bytes from ``payload(tensor)`` --
@@ -267,7 +268,8 @@ def write_dcp(
 
     With ``manifest``, each tensor's digest and moments and each file's SHA-256 are recorded in it
     from the bytes as they are written, and it is written as ``dcpstudio-manifest.json`` before
-    ``.metadata`` (values are not in it: their digests need torch)."""
+    ``.metadata`` (values are not in it: their digests need torch). ``reader`` reads a local output
+    back (a layout pass's stand-in knows the digests already)."""
     directory.mkdir()
     values = [i for i in items if i.tensor is None]
     tensors = [i for i in items if i.tensor is not None]
@@ -283,7 +285,7 @@ def write_dcp(
         return payload(item.tensor)
 
     f: Any = None
-    back = ReadBack() if manifest is not None and isinstance(directory, Path) else None
+    back = reader() if manifest is not None and isinstance(directory, Path) else None
     try:
         for item, data in prefetch(produce, order):
             file_name = file_of[id(item)]

@@ -12,6 +12,9 @@ share is cut at element boundaries -- and :func:`write_pieces` writes a rank's r
 writes, computing them from the source range by range (a cast reads exactly the source elements it
 needs). A ZIP record needs the CRC-32 of its whole: each piece's CRC is returned, and
 :func:`combine_crcs` joins them; laid out again with them, the headers are final (:func:`overlay`).
+A manifest is laid out the same way: the writer's read-back is a :class:`~.replay.Replay`, which
+records what it would read (:attr:`Layout.tensors`, :attr:`Layout.spans`) and, given the digests
+the ranks computed from the output, returns them as its records.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ...io.raw import FileRange, Hole, pread_into
 from ...pickles.refs import TensorRef
 from ...pickles.tensor_io import materialize, to_bytes
 from .output import Target, Writers, write_dcp_output, write_safetensors_output, write_torch_save_output
+from .replay import Replay
 from .transform import _Cast
 
 __all__ = [
@@ -93,9 +97,13 @@ class Layout:
     holes: list[tuple[str, int, int, int]]
     sources: list[TensorRef]
     crc: bool
+    tensors: list[tuple[str, int, int, str]] = field(default_factory=list)  # the manifest's: (file, at, n, dtype)
+    spans: list[tuple[str, int, int]] = field(default_factory=list)  # the manifest's hashed (file, start, end)
 
-    def digest(self) -> str:
-        text = json.dumps([self.single, sorted(self.files.items()), self.holes, self.crc])
+    def digest(self, sizes: bool = True) -> str:
+        """What the ranks compare; without ``sizes``, what a manifest's length cannot change."""
+        files = sorted(self.files.items()) if sizes else sorted(self.files)
+        text = json.dumps([self.single, files, self.holes, self.crc, self.tensors, self.spans])
         return hashlib.sha256(text.encode()).hexdigest()
 
     @property
@@ -103,9 +111,11 @@ class Layout:
         return sum(h[2] for h in self.holes)
 
 
-def lay_out(recorder: Recorder, at: Path, crcs: Sequence[int] | None = None) -> Layout:
+def lay_out(recorder: Recorder, at: Path, crcs: Sequence[int] | None = None, replay: Replay | None = None) -> Layout:
     """Run the recorded writer at the new path ``at`` with every tensor left as a hole (CRC-32s
-    from ``crcs``, in hole order, when given; 0 until then)."""
+    from ``crcs``, in hole order, when given; 0 until then) and ``replay`` reading the output back
+    for its manifest (its digests when given; placeholders of the same length until then). ``at``
+    should end in the destination's name: a single file's manifest names it."""
     assert recorder.kind is not None, "convert() made no output"
     holes: list[Hole] = []
     sources: list[TensorRef] = []
@@ -116,8 +126,13 @@ def lay_out(recorder: Recorder, at: Path, crcs: Sequence[int] | None = None) -> 
         sources.append(t)
         return hole
 
-    _WRITERS[recorder.kind](*recorder.args, **recorder.kwargs, payload=hook, at=at)
+    replay = replay if replay is not None else Replay()
+    _WRITERS[recorder.kind](*recorder.args, **recorder.kwargs, payload=hook, at=at, reader=replay.reader)
     single = at.is_file()
+
+    def rel(name: str) -> str:
+        return "" if single else Path(name).relative_to(at).as_posix()
+
     files = (
         {"": at.stat().st_size}
         if single
@@ -126,10 +141,17 @@ def lay_out(recorder: Recorder, at: Path, crcs: Sequence[int] | None = None) -> 
     placed = []
     for hole, t in zip(holes, sources, strict=True):
         ((name, offset),) = hole.placed
-        rel = "" if single else Path(name).relative_to(at).as_posix()
-        files[rel] = max(files[rel], offset + hole.nbytes)  # a hole at a file's end leaves it short
-        placed.append((rel, offset, hole.nbytes, max(1, t.dtype.itemsize)))
-    return Layout(single, files, placed, sources, crc=recorder.kind != "safetensors")
+        files[rel(name)] = max(files[rel(name)], offset + hole.nbytes)  # a hole at a file's end leaves it short
+        placed.append((rel(name), offset, hole.nbytes, max(1, t.dtype.itemsize)))
+    return Layout(
+        single,
+        files,
+        placed,
+        sources,
+        crc=recorder.kind != "safetensors",
+        tensors=[(rel(name), a, n, d) for name, a, n, d in replay.tensors],
+        spans=[(rel(name), a, b) for name, a, b in replay.spans],
+    )
 
 
 @dataclass(frozen=True)
@@ -335,13 +357,15 @@ def create_files(layout: Layout, root: Path) -> None:
             f.truncate(size)
 
 
-def overlay(layout: Layout, laid: Path, root: Path) -> None:
-    """Copy what the writer wrote at ``laid`` (everything but the holes: headers, pickles,
-    directories, whole files such as ``.metadata`` -- last) into the output at ``root``, and flush
-    every file."""
+def overlay(layout: Layout, laid: Path, root: Path, kept: Sequence[tuple[str, int, int]] = ()) -> None:
+    """Copy what the writer wrote at ``laid`` (everything but the holes and the ``kept`` spans
+    ``(file, start, end)``: headers, pickles, directories, whole files such as ``.metadata`` --
+    last) into the output at ``root``, and flush every file."""
     gaps: dict[str, list[tuple[int, int]]] = {}
     for name, offset, n, _ in layout.holes:
         gaps.setdefault(name, []).append((offset, offset + n))
+    for name, start, end in kept:  # already hashed for the manifest: a second layout's random ids stay out
+        gaps.setdefault(name, []).append((start, end))
     names = sorted(
         layout.files, key=lambda n: (n.rsplit("/", 1)[-1] in (".metadata", "model.safetensors.index.json"), n)
     )
@@ -355,8 +379,10 @@ def overlay(layout: Layout, laid: Path, root: Path) -> None:
         if pos < size:
             keep.append((pos, size))
         src = os.open(laid / name if name else laid, os.O_RDONLY)
-        dst = os.open(root / name if name else root, os.O_WRONLY)
+        dst = os.open(root / name if name else root, os.O_WRONLY | os.O_CREAT, 0o666)  # a manifest may be new
         try:
+            if os.fstat(dst).st_size != size:  # a manifest's length is known last
+                os.ftruncate(dst, size)
             for a, b in keep:
                 data = os.pread(src, b - a, a)
                 if len(data) != b - a:

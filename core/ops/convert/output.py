@@ -20,6 +20,7 @@ from typing import Any, Literal
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
 from ...formats.manifest import METADATA_KEY, Manifest
+from ...formats.readback import ReadBack
 from ...formats.torchsave.writer import archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
 from ...io.files import create_file, sync_file
@@ -55,7 +56,8 @@ INDEX_FILE = "model.safetensors.index.json"
 Target = Literal["dcp", "torch", "safetensors"]
 PayloadHook = Callable[[TensorRef], "Payload | Hole"]
 """What a writer takes a tensor's bytes from instead of reading them itself: a distributed
-conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and writes no manifest)."""
+conversion's layout pass returns a :class:`~...io.raw.Hole` for each (and its manifest comes from a
+stand-in reader, :class:`~.replay.Replay`, given the ranks' digests)."""
 
 
 @dataclass(frozen=True)
@@ -197,9 +199,9 @@ def output_context(
     return atomic_output(dst, overwrite=overwrite)
 
 
-def _no_manifest(payload: PayloadHook | None, manifest: bool) -> None:
-    if payload is not None and manifest:
-        raise ValueError("an output laid out with its tensors' bytes left out carries no manifest")
+def _no_manifest(payload: PayloadHook | None, manifest: bool, reader: Callable[[], ReadBack]) -> None:
+    if payload is not None and manifest and reader is ReadBack:
+        raise ValueError("an output laid out with its tensors' bytes left out cannot be read back for its manifest")
 
 
 def write_torch_save_output(
@@ -214,14 +216,16 @@ def write_torch_save_output(
     *,
     payload: PayloadHook | None = None,
     at: Path | None = None,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> None:
     """Stream ``obj`` as a torch.save file: the pickle, then each storage's record -- copied in
     the kernel when its bytes lie in place, else written from memory -- and, for a local file with
     ``manifest``, the digests of ``tensors`` (name, tensor) in a record of its own. ``names`` maps a
     storage's ``id`` to the entry name shown in progress reports. ``payload`` supplies each
     storage's bytes (as a whole tensor over it) instead; ``at``: write there, not atomically at
-    ``dst`` (both: a distributed conversion's layout)."""
-    _no_manifest(payload, manifest)
+    ``dst`` (both: a distributed conversion's layout); ``reader``: what reads a local output back
+    for its manifest (a layout's stand-in, :class:`~.replay.Replay`, knows what the ranks computed)."""
+    _no_manifest(payload, manifest, reader)
 
     def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
         reporter.check()
@@ -231,7 +235,7 @@ def write_torch_save_output(
     try:
         with output_context(dst, overwrite, at) as tmp, create_file(tmp) as f:
             local = tmp if manifest and isinstance(tmp, Path) else None
-            write_torch_save_file(f, local, archive_name(dst), obj, tensors, produce, reporter, label, names)
+            write_torch_save_file(f, local, archive_name(dst), obj, tensors, produce, reporter, label, names, reader)
             sync_file(f)
     except OSError as e:
         raise io_error(dst, e) from e
@@ -250,11 +254,12 @@ def write_dcp_output(
     manifest: bool = True,
     payload: PayloadHook | None = None,
     at: Path | None = None,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> None:
     """Write ``items`` as a single-process DCP checkpoint at ``dst`` (in ``files`` data files, or
     files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
     :func:`writes_into` says so. ``payload``, ``at``: as for :func:`write_torch_save_output`."""
-    _no_manifest(payload, manifest)
+    _no_manifest(payload, manifest, reader)
 
     def produce(t: TensorRef) -> Payload | Hole:
         reporter.check()
@@ -275,6 +280,7 @@ def write_dcp_output(
                 files=files,
                 max_file_size=max_file_size,
                 manifest=Manifest() if manifest else None,
+                reader=reader,
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -292,11 +298,12 @@ def write_safetensors_output(
     manifest: bool = True,
     payload: PayloadHook | None = None,
     at: Path | None = None,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> None:
     """One safetensors file (``single_file``), or a directory of shards with
     ``model.safetensors.index.json``; each shard is ``(name, tensor)`` in order. ``payload``,
     ``at``: as for :func:`write_torch_save_output`."""
-    _no_manifest(payload, manifest)
+    _no_manifest(payload, manifest, reader)
 
     def produce(item: tuple[str, TensorRef]) -> Payload | Hole:
         reporter.check()
@@ -315,7 +322,9 @@ def write_safetensors_output(
                 ]
             whole: Manifest | None = Manifest() if manifest else None
             for path, shard in files:
-                part = write_safetensors_file(path, shard, metadata, produce, reporter, label, manifest=manifest)
+                part = write_safetensors_file(
+                    path, shard, metadata, produce, reporter, label, manifest=manifest, reader=reader
+                )
                 if whole is not None and part is not None:
                     whole.tensors.update(part.tensors)
                     whole.files.update(part.files)

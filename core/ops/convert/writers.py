@@ -34,6 +34,7 @@ def write_safetensors_file(
     label: str,
     *,
     manifest: bool = True,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> Manifest | None:
     """Write ``shard`` to ``path`` (with its manifest unless not ``manifest``); the source's
     ``metadata`` keys are kept and ours added beside (a stale manifest of ours in them is
@@ -44,7 +45,7 @@ def write_safetensors_file(
     kept = {k: v for k, v in metadata.items() if k != METADATA_KEY}
     if manifest and isinstance(path, Path):
         reserve = Manifest.reserve([(n, d.name, tuple(s)) for n, d, s in specs], [path.name])
-        return _write_read_back(path, shard, specs, kept, reserve, produce, reporter, label)
+        return _write_read_back(path, shard, specs, kept, reserve, produce, reporter, label, reader)
     with create_file(path) as f:
         writer = SafetensorsWriter(f, specs, kept)
         for (name, t), data in prefetch(produce, shard):
@@ -68,19 +69,22 @@ def _write_read_back(
     produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
     reporter: Reporter,
     label: str,
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> Manifest:
     """A local file: the bytes copied in the kernel and the manifest read back from the file
-    (:class:`ReadBack`) while it is written and fsynced; then the header's room receives it."""
+    (:class:`ReadBack`, or ``reader``'s stand-in when it is laid out with holes) while it is written
+    and fsynced; then the header's room receives it."""
     part = Manifest()
-    with create_file(path) as f, ReadBack() as back:
+    with create_file(path) as f, reader() as back:
         writer = SafetensorsWriter(f, specs, metadata, reserve=reserve + 64)
         file = back.file(path, start=f.tell())
         for (name, t), data in prefetch(produce, shard):
             at = f.tell()
-            if isinstance(data, FileRange):
+            if isinstance(data, Hole):  # laid out: ``reader`` knows the digests the ranks computed
+                writer.reserve(name, data)
+            elif isinstance(data, FileRange):
                 writer.copy(name, data, f"{label} ({name})")
             else:
-                assert not isinstance(data, Hole), "a laid-out file carries no manifest"
                 writer.write(name, data[0])
             back.tensor(file, f, at, t.nbytes, t.dtype.name, tuple(t.shape), part.tensors, name)
             reporter.advance(t.nbytes, current=name)
@@ -104,11 +108,13 @@ def write_torch_save_file(
     reporter: Reporter,
     label: str,
     names: dict[int, str],
+    reader: Callable[[], ReadBack] = ReadBack,
 ) -> Manifest | None:
     """Stream ``obj`` into ``f`` as a torch.save file: the pickle, then each storage's record. With
     ``path`` (a local file: it is read back), the entries of ``tensors`` that are contiguous runs of
     their storage get their digest and moments and the file its SHA-256 up to the manifest, which
-    goes in a record of its own before the directory; other views are left to ``hash``."""
+    goes in a record of its own before the directory; other views are left to ``hash``. ``reader``:
+    what reads the tensors and the file back (a layout pass's stand-in knows them already)."""
     writer = TorchSaveWriter(f, archive)
     order = writer.write_pickle(obj)
     by_storage: dict[int, list[tuple[str, TensorRef]]] = {}
@@ -116,7 +122,7 @@ def write_torch_save_file(
         if t.storage is not None and t.is_contiguous():
             by_storage.setdefault(id(t.storage), []).append((fqn, t))
     manifest = Manifest() if path is not None else None
-    with ReadBack() as back:
+    with reader() as back:
         file = back.file(path) if path is not None else None
         for (key, ref), data in prefetch(produce, order):
             name = names.get(id(ref), key)
