@@ -244,6 +244,14 @@ def _record(name: str, module: str = _MD_MODULE, **fields: Any) -> Any:
     return obj
 
 
+def storage_info(relative_path: str, offset: int, length: int) -> Any:
+    """The light record of where an item's bytes lie (torch's ``_StorageInfo``)."""
+    return _record(
+        "_StorageInfo", "torch.distributed.checkpoint.filesystem", relative_path=relative_path, offset=offset,
+        length=length,
+    )  # fmt: skip
+
+
 def write_dcp(
     directory: Path,
     items: Sequence[DCPItem],
@@ -317,13 +325,7 @@ def write_dcp(
                     back.tensor(back.files[-1], f, at, t.nbytes, t.dtype.name, tuple(t.shape), manifest.tensors,
                                 item.fqn)  # fmt: skip
                 index = _record("MetadataIndex", fqn=item.fqn, index=0, offset=Size((0,) * len(t.shape)))
-            storage_data[index] = _record(
-                "_StorageInfo",
-                "torch.distributed.checkpoint.filesystem",
-                relative_path=file_name,
-                offset=offset,
-                length=f.tell() - offset,
-            )
+            storage_data[index] = storage_info(file_name, offset, f.tell() - offset)
             on_item(item)
         _close_synced(f, manifest, back)
         f = None

@@ -19,7 +19,7 @@ from ...io.files import abandon, create_file, sync_file
 from ...io.raw import FileRange
 from ...pickles.refs import Size
 from ..torchsave.writer import write_tensor_archive
-from .files import _record, check_tiling, write_metadata
+from .files import _record, check_tiling, storage_info, write_metadata
 
 __all__ = ["ItemData", "StoredItem", "rank_file", "write_ranked_dcp"]
 
@@ -75,13 +75,7 @@ def write_ranked_dcp(
                     found = chunks[item.fqn]
                     index = _record("MetadataIndex", fqn=item.fqn, index=len(found), offset=Size(item.offsets))
                     found.append(_record("ChunkStorageMetadata", offsets=Size(item.offsets), sizes=Size(item.sizes)))
-                storage_data[index] = _record(
-                    "_StorageInfo",
-                    "torch.distributed.checkpoint.filesystem",
-                    relative_path=file_name,
-                    offset=offset,
-                    length=f.tell() - offset,
-                )
+                storage_data[index] = storage_info(file_name, offset, f.tell() - offset)
                 on_item(item)
             sync_file(f)
         except BaseException:
