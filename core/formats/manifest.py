@@ -54,11 +54,13 @@ class TensorTap:
     """A tensor's digest and moments from its canonical row-major bytes fed in order by
     :meth:`update` (pieces whose sizes are multiples of the element size). With ``pool``, whole
     16 MiB pieces are hashed there: wait for the futures :meth:`update` returns before reusing
-    the buffer."""
+    the buffer; ``total``, the tensor's byte count, sizes a piece gathered across updates."""
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], *, moments: bool = True, pool: Any = None) -> None:
+    def __init__(
+        self, dtype: str, shape: tuple[int, ...], *, moments: bool = True, pool: Any = None, total: int | None = None
+    ) -> None:
         self.dtype, self.shape = dtype, tuple(shape)
-        self._h = TreeHasher(canonical_header(dtype, self.shape), pool)
+        self._h = TreeHasher(canonical_header(dtype, self.shape), pool, total)
         self._moments = Moments() if moments else None
 
     def update(self, data: memoryview | bytes | bytearray) -> list[Any]:

@@ -102,3 +102,9 @@ def test_a_dcp_conversion_records_what_hash_computes_for_a_many_piece_tensor(tmp
     tap = TensorTap("float32", tuple(w.shape))
     tap.update(data)
     assert tap.record() == manifest.tensors["w"]
+    from dcpstudio.core.ops.integrity.manifests import write_manifest
+
+    with open_checkpoint(tmp_path / "m.pt") as ckpt:  # `hash --manifest`: pieces on threads, moments beside
+        side = write_manifest(ckpt, [tmp_path / "m.pt"], budget=5 << 20)
+    again = read_manifest(tmp_path / "m.pt")
+    assert side.is_file() and again is not None and again.tensors == manifest.tensors

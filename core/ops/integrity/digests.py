@@ -18,6 +18,7 @@ import math
 import struct
 import sys
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,10 +35,10 @@ from ...progress import CancelToken, ProgressCallback, Reporter
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ALGORITHM", "Digest", "digests", "tensor_digest", "value_digest"]
+__all__ = ["ALGORITHM", "Digest", "digests", "feed_tensor", "tensor_digest", "value_digest"]
 
 _header = canonical_header  # one definition: manifests use it too
-_INLINE = 4 << 20  # smaller tensors are hashed on the reading thread: a hand-off costs more
+INLINE = 4 << 20  # smaller tensors are hashed on the reading thread: a hand-off costs more
 
 
 @dataclass(frozen=True)
@@ -78,75 +79,83 @@ def tensor_digest(
     reporter: Reporter | None = None,
     pool: ThreadPoolExecutor | None = None,
 ) -> Digest:
-    """The digest of tensor ``fqn``, read in row-major blocks of at most ``budget`` bytes; its
-    16 MiB pieces are hashed on ``pool``'s threads (two of its own if none is given) while the next
-    block is read, and a block's buffer goes back to the pool of buffers only once its pieces are
-    hashed (at most four blocks exist at a time)."""
+    """The digest of tensor ``fqn``, read by :func:`feed_tensor`; its 16 MiB pieces are hashed on
+    ``pool``'s threads (two of its own if none is given) while the next block is read."""
     entry = ckpt.tensor_entry(fqn)
     refuse_expanded(entry, str(ckpt.path), "hash")
     assert entry.dtype is not None
     dtype, shape = dtype_name(entry.dtype) or "", tuple(entry.shape or ())
-    reporter = reporter or Reporter(None, None)
     nbytes = math.prod(shape) * entry.dtype.itemsize
-    buffers = BufferPool(keep=4)
-    source = canonical_source(ckpt, fqn) if sys.byteorder == "little" else None
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash"))
-        h = TreeHasher(_header(dtype, shape), pool if nbytes > _INLINE else None, nbytes)
-        if source is not None:
-            return Digest(fqn, "tensor", _hash_source(source, h, budget, reporter, fqn), dtype, shape)
-        inflight: deque[tuple[list[Future[bytes]], Any]] = deque()
-        try:
-            for offsets, sizes in blocks(shape, entry.dtype.itemsize, budget):
-                reporter.check()
-                with buffers.active():
-                    block = ckpt.read_tensor(fqn, box_slices(offsets, sizes))
-                reporter.advance(block.numel() * block.element_size(), items=0, current=fqn)
-                inflight.append((h.update(_little(block)), block))
-                del block
-                while len(inflight) > 2:  # the block read next overlaps the hashing of the two before
-                    futures, done = inflight.popleft()
-                    for fut in futures:
-                        fut.result()
-                    buffers.give(done)
-            digest = h.digest()
-        finally:
-            for futures, _ in inflight:
-                for fut in futures:
-                    fut.cancel()
-    return Digest(fqn, "tensor", digest, dtype, shape)
+        h = TreeHasher(_header(dtype, shape), pool if nbytes > INLINE else None, nbytes)
+        feed_tensor(ckpt, fqn, h.update, budget=budget, reporter=reporter)
+        return Digest(fqn, "tensor", h.digest(), dtype, shape)
 
 
 _RAW_BUFFERS = RawBuffers(keep=6)  # one set for every tensor of a run: no fresh pages per tensor
 
 
-def _hash_source(source: CanonicalSource, h: TreeHasher, budget: int, reporter: Reporter, fqn: str) -> str:
-    """:func:`tensor_digest` without torch: blocks read in place into recycled buffers, each given
-    back once its pieces are hashed (the block read next overlaps the hashing of the two before)."""
-    inflight: deque[tuple[list[Future[bytes]], Any]] = deque()
+def feed_tensor(
+    ckpt: Checkpoint,
+    fqn: str,
+    update: Callable[[memoryview], list[Future[bytes]]],
+    *,
+    budget: int = BLOCK_BUDGET,
+    reporter: Reporter | None = None,
+) -> None:
+    """Feed ``update`` (a :class:`TreeHasher`'s or a manifest tap's) tensor ``fqn``'s canonical
+    bytes in row-major blocks of at most ``budget`` bytes: read in place without torch where they
+    lie so (:func:`canonical_source`: recycled buffers), else through torch. A block's buffer is
+    given back only once the futures ``update`` returned for it are done; the block read next
+    overlaps the hashing of the two before."""
+    reporter = reporter or Reporter(None, None)
+    source = canonical_source(ckpt, fqn) if sys.byteorder == "little" else None
+    fed = _in_place(source, budget) if source is not None else _through_torch(ckpt, fqn, budget, reporter)
+    inflight: deque[tuple[list[Future[bytes]], Any, Callable[[Any], None]]] = deque()
     try:
-        for block in source.blocks(budget, _RAW_BUFFERS):
+        for data, owner, give in fed:
             reporter.check()
-            reporter.advance(block.nbytes, items=0, current=fqn)
-            futures = h.update(memoryview(block))
-            if futures:
-                inflight.append((futures, block))
-            else:
-                _RAW_BUFFERS.give(block)  # hashed (or gathered) already
+            reporter.advance(data.nbytes, items=0, current=fqn)
+            futures = update(data)
+            del data
+            if not futures:
+                give(owner)  # hashed (or gathered) already
+                continue
+            inflight.append((futures, owner, give))
             while len(inflight) > 2:
-                futures, done = inflight.popleft()
-                for fut in futures:
+                done, owner, give = inflight.popleft()
+                for fut in done:
                     fut.result()
-                _RAW_BUFFERS.give(done)
-        digest = h.digest()
+                give(owner)
         while inflight:
-            _RAW_BUFFERS.give(inflight.popleft()[1])
-        return digest
+            done, owner, give = inflight.popleft()
+            for fut in done:
+                fut.result()
+            give(owner)
     finally:
-        for futures, _ in inflight:
-            for fut in futures:
+        for done, _, _ in inflight:
+            for fut in done:
                 fut.cancel()
+
+
+def _in_place(source: CanonicalSource, budget: int) -> Iterator[tuple[memoryview, Any, Callable[[Any], None]]]:
+    for block in source.blocks(budget, _RAW_BUFFERS):
+        yield memoryview(block), block, _RAW_BUFFERS.give
+
+
+def _through_torch(
+    ckpt: Checkpoint, fqn: str, budget: int, reporter: Reporter
+) -> Iterator[tuple[memoryview, Any, Callable[[Any], None]]]:
+    entry = ckpt.tensor_entry(fqn)
+    assert entry.dtype is not None
+    buffers = BufferPool(keep=4)
+    for offsets, sizes in blocks(tuple(entry.shape or ()), entry.dtype.itemsize, budget):
+        reporter.check()
+        with buffers.active():
+            block = ckpt.read_tensor(fqn, box_slices(offsets, sizes))
+        yield _little(block), block, buffers.give
 
 
 def _encode(value: Any, h: Any, depth: int = 0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ from ...checkpoints.base import Checkpoint
 from ...checkpoints.model import dtype_name
 from ...errors import CorruptCheckpointError, DCPStudioError
 from ...formats.manifest import METADATA_KEY, ZIP_RECORD, Manifest, TensorTap, sidecar_of
-from ...io.blocks import BLOCK_BUDGET, blocks, box_slices
-from .digests import _little, value_digest
+from ...io.blocks import BLOCK_BUDGET
+from .digests import INLINE, feed_tensor, value_digest
 
 __all__ = ["DigestDiff", "diff_digests", "manifest_findings", "read_manifest", "write_manifest"]
 
@@ -141,16 +142,18 @@ def write_manifest(ckpt: Checkpoint, files: list[Path], *, budget: int = BLOCK_B
     manifest beside it (a checkpoint that exists is not rewritten: a safetensors file gets a
     sidecar too). Returns where it went."""
     m = Manifest()
-    for fqn, entry in ckpt.entries.items():
-        if entry.kind != "tensor":
-            m.tensors[fqn] = {"digest": value_digest(ckpt.read_value(fqn))}
-            continue
-        assert entry.dtype is not None
-        shape = tuple(entry.shape or ())
-        tap = TensorTap(dtype_name(entry.dtype) or "", shape)
-        for offsets, sizes in blocks(shape, entry.dtype.itemsize, budget):
-            tap.update(_little(ckpt.read_tensor(fqn, box_slices(offsets, sizes))))
-        m.tensors[fqn] = tap.record()
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dcpstudio-hash") as pool:  # as hash does
+        for fqn, entry in ckpt.entries.items():
+            if entry.kind != "tensor":
+                m.tensors[fqn] = {"digest": value_digest(ckpt.read_value(fqn))}
+                continue
+            assert entry.dtype is not None
+            shape = tuple(entry.shape or ())
+            nbytes = math.prod(shape) * entry.dtype.itemsize
+            threads = pool if nbytes > INLINE else None  # a small tensor costs more to hand off than to hash
+            tap = TensorTap(dtype_name(entry.dtype) or "", shape, pool=threads, total=nbytes)
+            feed_tensor(ckpt, fqn, tap.update, budget=budget)
+            m.tensors[fqn] = tap.record()
     root = Path(ckpt.path) if Path(ckpt.path).is_dir() else Path(ckpt.path).parent
     for f in files:
         m.files[str(f.relative_to(root))] = {"size": f.stat().st_size, "sha256": _sha256(f)}
