@@ -3,7 +3,9 @@ of ``--steps`` DCP checkpoints (``step-N``) of ``--size`` each (8 x 256 MiB by d
 bfloat16 tensors, each step the previous plus a small update, as training makes them).
 
 Contenders, alternated round by round, whole commands (start-up included), page cache warm for all
-(every file read once before the first measurement):
+(every file read once before the first measurement) -- or, with ``--cold``, the page cache dropped
+before each command (``/proc/sys/vm/drop_caches``: root on Linux), as for a run larger than memory,
+whose checkpoints are read from the disk:
 - ``cat step-*/* > /dev/null`` -- reading every checkpoint once (the target: drift <= 1.5x this);
 - ``dcpstudio drift RUN --json --no-cache`` -- every step computed, nothing cached;
 - ``dcpstudio drift RUN --json`` with the cache filled -- re-opening an unchanged run.
@@ -12,7 +14,7 @@ With ``--baseline DIR`` (a folder whose ``dcpstudio`` package is an earlier vers
 Peak RSS of each command is reported (the bound is a few blocks, whatever the run's size), and the
 load average, since the machine may be shared.
 
-    python tests/perf/bench_drift.py [--steps 8] [--size 256MiB] [--rounds 3] [--dir DIR] [--baseline DIR]
+    python tests/perf/bench_drift.py [--steps 8] [--size 256MiB] [--rounds 3] [--dir DIR] [--baseline DIR] [--cold]
 """
 
 from __future__ import annotations
@@ -53,8 +55,19 @@ def make_run(root: Path, steps: int, size: int) -> None:
         dcp.save({"model": saved, "train_state": {"step": step}}, checkpoint_id=str(root / f"step-{step}"))
 
 
-def _measure(cmd: str, env: dict[str, str]) -> tuple[float, int]:
-    """Wall time and peak RSS (bytes) of one shell command."""
+def _drop_caches() -> None:
+    """Empties the page cache (dirty pages written first), so the next command reads from the disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        raise SystemExit(f"--cold needs root on Linux to drop the page cache: {e}") from None
+
+
+def _measure(cmd: str, env: dict[str, str], cold: bool = False) -> tuple[float, int]:
+    """Wall time and peak RSS (bytes) of one shell command (``cold``: the page cache dropped first)."""
+    if cold:
+        _drop_caches()
     t0 = time.perf_counter()
     proc = subprocess.Popen(["/bin/sh", "-c", f"exec {cmd}"], env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -72,6 +85,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="where to write the run (default: a temporary folder, removed after)")
     ap.add_argument("--baseline", help="a folder holding an earlier dcpstudio package, run alongside")
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before each command (root)")
     ap.add_argument("--make", help=argparse.SUPPRESS)  # in a child: this process stays small (peak RSS)
     args = ap.parse_args()
     if args.make:
@@ -104,10 +118,12 @@ def main() -> None:
         rss: dict[str, int] = dict.fromkeys(contenders, 0)
         for _ in range(args.rounds):
             for name, cmd in contenders.items():
-                wall, peak = _measure(cmd, env)
+                wall, peak = _measure(cmd, env, cold=args.cold)
                 walls[name].append(wall)
                 rss[name] = max(rss[name], peak)
-        print(f"run: {args.steps} checkpoints, {total / 2**20:.0f} MiB in all; {args.rounds} rounds, medians; "
+        cache_state = "cold (dropped before each command)" if args.cold else "warm"
+        print(f"run: {args.steps} checkpoints, {total / 2**20:.0f} MiB in all; page cache {cache_state}; "
+              f"{args.rounds} rounds, medians; "
               f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
         anchor = statistics.median(walls["cat every file"])
         for name, ws in walls.items():

@@ -1,23 +1,26 @@
 """One block's sums in float32, for the tensors stored as float32, bfloat16 or float16 -- the
 weights and moments of nearly every run -- at a fraction of the float64 path's cost.
 
-The block is taken in chunks of :data:`CHUNK` elements, which stay in cache (float32 read in place,
-bfloat16 and float16 converted once per block), and each dot product is reduced per row
-of :data:`ROW` elements in float32 with ``np.einsum`` (not ``np.dot``: BLAS's threads spin on a shared
-machine's cores), the rows' results added in float64: measured here ~1e-8 relative against exact
-sums of float32 weights and of values near 1 (bfloat16 values, whose few bits round with a bias,
-~2e-8; rows of 1 Ki elements gave 4e-7 there, of 64 Ki 1e-6).
+The block is taken whole (bfloat16 and float16 converted to float32 once per block, float32 read
+in place), with a handful of numpy calls per block, not per chunk: on a 2-core machine the Python
+between calls, and the GIL it holds, cost as much as the arithmetic. Every dot product is reduced
+per row of :data:`ROW` elements by BLAS's ``sdot`` (``np.vecdot``; below the 10,000 elements where
+OpenBLAS starts threads, which spin on a shared machine's cores), the rows' results added in
+float64: measured here ~1e-9 relative against exact sums of float32 weights, of Adam's second
+moments and of bfloat16 values near 1 (whose few bits round with a bias; ``np.einsum``'s rows of
+2 Ki gave 2e-6 there).
 
-Per chunk: ‖W‖² directly, ΔW = W - W_prev into scratch, ‖ΔW‖² and max |ΔW| from it (never from the
-dot products: a step changes weights by ~1e-4 of their size, which would cancel), and
-⟨W, W_prev⟩ = (‖W‖² + ‖W_prev‖² - ‖ΔW‖²) / 2 from sums already there -- exact to the sums' rounding
-while ‖ΔW‖² is at most half of ‖W‖² + ‖W_prev‖² (cos ≳ 0.5), else in float64 (a float32 product
-of nearly orthogonal vectors is mostly rounding); ⟨W, W_first⟩ directly in float32 when the chunk's
-|cos| is at least 0.5 (its rounding then ~1e-7 of it), else in float64.
+Per block: ‖W‖² directly, ΔW = W - W_prev into scratch, ‖ΔW‖² from it and max |ΔW| (with its
+place: ``argmax`` and ``argmin`` of ΔW) -- never from the dot products: a step changes weights by
+~1e-4 of their size, which would cancel -- and, row by row, ⟨W, W_prev⟩ = (‖W‖² + ‖W_prev‖² -
+‖ΔW‖²) / 2 from sums already there, exact to the sums' rounding while ‖ΔW‖² is at most half of
+‖W‖² + ‖W_prev‖² (cos ≳ 0.5), else that row in float64 (a float32 product of nearly orthogonal
+vectors is mostly rounding); ⟨W, W_first⟩ directly in float32 for the rows whose |cos| is at least
+0.5 (its rounding then ~1e-7 of it), the others in float64.
 The largest change and its neighbours at two steps back are taken again in float64 at the element
 found. A block holding a NaN or an Inf anywhere (a sum not finite: also a float32 overflow) is
 left to :func:`~.metrics.accumulate` in float64, which counts and masks them: the rules see the same
-sums either way.
+sums either way (:func:`row_norms` gives the norms both paths use).
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import numpy as np
 from ...checkpoints.canonical import RawBuffers
 from .metrics import StepSums, histogram, sample_range
 
-__all__ = ["CHUNK", "FAST", "ROW", "Block", "accumulate32", "chunk_norms", "release_buffers"]
+__all__ = ["CHUNK", "FAST", "ROW", "Block", "accumulate32", "release_buffers", "row_norms"]
 
-CHUNK = 1 << 16
-ROW = 1 << 7
+ROW = 1 << 10
+CHUNK = 1 << 15  # elements per pass: four float32 arrays of it fit in a core's L2
 FAST = {"float32": "<f4", "bfloat16": "<u2", "float16": "<f2"}
 """Stored dtypes whose values are exactly float32 (bfloat16 as its bits)."""
 
@@ -42,11 +45,20 @@ _local = threading.local()
 _F32 = RawBuffers(keep=8)  # converted blocks, recycled (fresh memory costs page faults)
 
 
-def _scratch(name: str) -> np.ndarray:
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = {"d": np.empty(CHUNK, np.float32)}
-    return bufs[name]
+def _rows32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise float32 dot products of two ``(rows, ROW)`` arrays, each row one BLAS ``sdot``."""
+    vecdot = getattr(np, "vecdot", None)  # numpy >= 2.0
+    if vecdot is not None:
+        return vecdot(a, b)
+    return np.matmul(a[:, None, :], b[:, :, None])[:, 0, 0]
+
+
+def _scratch(n: int) -> np.ndarray:
+    """This thread's float32 scratch of ``n`` elements (the largest block seen, kept)."""
+    buf = getattr(_local, "d", None)
+    if buf is None or len(buf) < n:
+        buf = _local.d = np.empty(n, np.float32)
+    return buf[:n]
 
 
 class Block:
@@ -70,15 +82,12 @@ class Block:
 
     def f64(self) -> np.ndarray:
         if self._f64 is None:
-            if self.dtype == "bfloat16":
-                self._f64 = (self.raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-            else:
-                self._f64 = self.raw.astype(np.float64)
+            self._f64 = (self.f32() if self.dtype == "bfloat16" else self.raw).astype(np.float64)
         return self._f64
 
-    def f32(self, lo: int, hi: int) -> np.ndarray:
-        """Elements ``lo..hi`` as float32: in place, or from the whole block converted once (a
-        bfloat16 block is compared at up to three steps: converting it once is the cheaper)."""
+    def f32(self) -> np.ndarray:
+        """The block as float32: in place, or converted once (a bfloat16 block is compared at up
+        to three steps: converting it once is the cheaper)."""
         if self._f32 is None:
             out = _F32.take(len(self.raw) * 4).view(np.float32)
             if self.dtype == "bfloat16":
@@ -86,7 +95,7 @@ class Block:
             else:
                 out[...] = self.raw
             self._f32 = out
-        return self._f32[lo:hi]
+        return self._f32
 
     def value(self, k: int) -> float:
         if self.dtype == "bfloat16":
@@ -102,42 +111,36 @@ class Block:
         self._f32 = self._f64 = None
 
 
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    k = len(a) - len(a) % ROW
-    s = 0.0
+def _rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-row dot products (float64) of two flat float32 arrays: rows of :data:`ROW` elements, the
+    last row the remainder."""
+    n = len(a)
+    k = n - n % ROW
+    out = np.empty(k // ROW + (k < n), np.float64)
     if k:
-        s = float(np.einsum("ij,ij->i", a[:k].reshape(-1, ROW), b[:k].reshape(-1, ROW)).sum(dtype=np.float64))
-    if k < len(a):
-        s += float(np.einsum("i,i->", a[k:], b[k:]))
-    return s
+        out[: k // ROW] = _rows32(a[:k].reshape(-1, ROW), b[:k].reshape(-1, ROW))
+    if k < n:
+        out[-1] = float(np.dot(a[k:], b[k:]))
+    return out
 
 
-def _inner(a: np.ndarray, b: np.ndarray, aa: float, bb: float, dd: float) -> float:
-    """⟨a, b⟩ from ‖a‖², ‖b‖², ‖a - b‖² while that loses nothing (cos ≳ 0.5), else in float64:
-    a float32 dot product of nearly orthogonal vectors keeps only its rounding (cos ~ 0.007 of an
-    Adam moment to its first step came out 1e-6 off)."""
-    if dd <= 0.5 * (aa + bb):
-        return (aa + bb - dd) / 2
-    return _dot64(a, b)
+def _rows64(a: np.ndarray, b: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """The dot products of rows ``which`` (a mask over :func:`_rows`' rows) in float64."""
+    n = len(a)
+    k = n - n % ROW
+    full = which[: k // ROW]
+    a2 = a[:k].reshape(-1, ROW)[full].astype(np.float64)
+    b2 = b[:k].reshape(-1, ROW)[full].astype(np.float64)
+    got = np.einsum("ij,ij->i", a2, b2)
+    if k < n and which[-1]:
+        got = np.append(got, float(np.dot(a[k:].astype(np.float64), b[k:].astype(np.float64))))
+    return got
 
 
-def _dot64(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = _scratch64("a")[: len(a)], _scratch64("b")[: len(b)]
-    a64[...] = a
-    b64[...] = b
-    return float(np.einsum("i,i->", a64, b64))
-
-
-def _scratch64(name: str) -> np.ndarray:
-    bufs = getattr(_local, "bufs64", None)
-    if bufs is None:
-        bufs = _local.bufs64 = {k: np.empty(CHUNK, np.float64) for k in ("a", "b")}
-    return bufs[name]
-
-
-def chunk_norms(x: Block) -> list[float]:
-    """‖x‖² of each chunk (an earlier step's, when the step itself was not computed: cached)."""
-    return [_dot(c, c) for c in (x.f32(s, min(len(x), s + CHUNK)) for s in range(0, len(x), CHUNK))]
+def row_norms(x: Block) -> np.ndarray:
+    """‖x‖² of each row (an earlier step's, when the step itself was not computed: cached)."""
+    xa = x.f32()
+    return _rows(xa, xa)
 
 
 def accumulate32(
@@ -145,57 +148,67 @@ def accumulate32(
     x: Block,
     start: int,
     numel: int,
-    prev: tuple[Block, list[float]] | None,
+    prev: tuple[Block, np.ndarray] | None,
     back2: Block | None,
-    first: tuple[Block, list[float]] | None,
-) -> list[float] | None:
+    first: tuple[Block, np.ndarray] | None,
+) -> np.ndarray | None:
     """Adds block ``x`` (elements ``start..`` of a tensor of ``numel``) to ``acc`` (fresh), comparing
-    it with the previous step's and the first step's blocks (each with its chunks' ‖·‖²) and the one before;
-    returns its chunks' ‖·‖², or None (``acc`` untouched) when a sum is not finite."""
-    n = len(x)
-    norms: list[float] = []
-    xx = xf = dd = dp = 0.0
-    best: float | None = None
+    it with the previous step's and the first step's blocks (each with its rows' ‖·‖²) and the one
+    before; returns its rows' ‖·‖², or None (``acc`` untouched) when a sum is not finite."""
+    xa = x.f32()
+    n = len(xa)
+    fa = first[0].f32() if first is not None else None
+    pa = prev[0].f32() if prev is not None else None
+    nrows = -(-n // ROW)
+    rx = np.empty(nrows, np.float64)
+    rf = np.empty(nrows, np.float64) if fa is not None else None
+    rd = np.empty(nrows, np.float64) if pa is not None else None
+    best = -1.0
     best_at = 0
-    hist = acc.hist
-    vmax = acc.vmax
-    d_buf = _scratch("d")
-    for c, s in enumerate(range(0, n, CHUNK)):
+    d_buf = _scratch(min(n, CHUNK))
+    for s in range(0, n, CHUNK):  # each chunk's arrays stay in cache for the passes over them
         e = min(n, s + CHUNK)
-        xc = x.f32(s, e)
-        cx = _dot(xc, xc)
-        if not math.isfinite(cx):  # before the histogram, which takes finite values
-            break
-        norms.append(cx)
-        xx += cx
-        d = d_buf[: e - s]
-        if first is not None:
-            fc = first[0].f32(s, e)
-            cf = _dot(xc, fc)
-            xf += cf if cf * cf >= 0.25 * cx * first[1][c] else _dot64(xc, fc)
-        if prev is not None:
-            pc = prev[0].f32(s, e)
-            np.subtract(xc, pc, out=d)
-            cd = _dot(d, d)
-            dd += cd
-            dp += _inner(xc, pc, cx, prev[1][c], cd)
-            np.abs(d, out=d)
-            m = float(d.max())
-            if best is None or m > best:
-                best, best_at = m, s + int(d.argmax())
-        if hist is not None:
-            vmax = max(vmax, float(xc.max()))
-            histogram(acc, xc)
-    if len(norms) * CHUNK < n or not math.isfinite(xx + xf + dd + dp):
-        if hist is not None:
-            hist[...] = 0
+        r0, r1 = s // ROW, -(-e // ROW)
+        xc = xa[s:e]
+        rx[r0:r1] = _rows(xc, xc)
+        if rf is not None and fa is not None:
+            rf[r0:r1] = _rows(xc, fa[s:e])
+        if rd is not None and pa is not None:
+            d = d_buf[: e - s]
+            np.subtract(xc, pa[s:e], out=d)
+            rd[r0:r1] = _rows(d, d)
+            hi_at, lo_at = int(d.argmax()), int(d.argmin())
+            hi, lo = float(d[hi_at]), -float(d[lo_at])
+            m, at = (hi, hi_at) if hi > lo or (hi == lo and hi_at < lo_at) else (lo, lo_at)
+            if m > best:  # the first of the largest (a NaN never is: caught below)
+                best, best_at = m, s + at
+    xx = float(rx.sum())
+    if not math.isfinite(xx):
+        return None
+    xf = dd = dp = 0.0
+    if first is not None and fa is not None and rf is not None:
+        small = rf * rf < 0.25 * rx * first[1]  # also True where a product is not finite: redone, then caught
+        if small.any():
+            rf[small] = _rows64(xa, fa, small)
+        xf = float(rf.sum())
+    if prev is not None and pa is not None and rd is not None:
+        dd = float(rd.sum())
+        both = rx + prev[1]
+        rp = (both - rd) / 2
+        far = rd > 0.5 * both
+        if far.any():
+            rp[far] = _rows64(xa, pa, far)
+        dp = float(rp.sum())
+    if not math.isfinite(xf + dd + dp):
         return None
     acc.count = n
     acc.norm2 = xx
-    acc.vmax = vmax
+    if acc.hist is not None:
+        acc.vmax = max(acc.vmax, float(xa.max()))
+        histogram(acc, xa)
     if first is not None:
         acc.dot_first = xf
-    if prev is not None and best is not None:
+    if prev is not None:
         acc.dot_prev, acc.diff2_prev = dp, dd
         here = x.value(best_at)
         acc.max_prev, acc.max_prev_at = abs(here - prev[0].value(best_at)), start + best_at
@@ -203,12 +216,12 @@ def accumulate32(
             acc.back2_at_max = abs(here - back2.value(best_at))
     if numel == 1 and n == 1:
         acc.value = x.value(0)
-    lo, hi, step = sample_range(start, n, numel)
-    if lo < hi:
-        acc.sample.extend(x.value(k) for k in range(lo - start, hi - start, step))
-    return norms
+    lo_s, hi_s, step = sample_range(start, n, numel)
+    if lo_s < hi_s:
+        acc.sample.extend(x.value(k) for k in range(lo_s - start, hi_s - start, step))
+    return rx
 
 
 def release_buffers() -> None:
-    """Let the converted blocks' buffers go once a run is over."""
+    """Let the converted blocks' buffers go once a run is over (a worker's scratch goes with it)."""
     _F32.clear()

@@ -36,7 +36,7 @@ from ...io.blocks import blocks, box_slices
 from ...io.buffers import BufferPool
 from ...progress import Reporter
 from .metrics import StepSums, accumulate, as_float64, merge, new_histogram, wants_histogram
-from .single import FAST, Block, accumulate32, chunk_norms, release_buffers
+from .single import FAST, Block, accumulate32, release_buffers, row_norms
 
 __all__ = ["BLOCK_ELEMENTS", "THREADS", "Source", "stream_run"]
 
@@ -157,7 +157,7 @@ def _unit(
     elements = int(np.prod(sizes, dtype=np.int64))
     flat = _flat_start(offsets, shape)
     kept: dict[int, Block] = {}
-    norms: dict[int, list[float]] = {}
+    norms: dict[int, np.ndarray] = {}
     parts: dict[int, StepSums] = {}
     try:
         for i in group:
@@ -187,11 +187,11 @@ def _sums(
     i: int,
     x: Block,
     kept: dict[int, Block],
-    norms: dict[int, list[float]],
+    norms: dict[int, np.ndarray],
     flat: int,
     numel: int,
     elements: int,
-) -> tuple[StepSums, list[float] | None]:
+) -> tuple[StepSums, np.ndarray | None]:
     prev_i, back2_i, first_i = t.deps[i]
     prev = kept.get(prev_i) if prev_i is not None else None
     back2 = kept.get(back2_i) if back2_i is not None else None
@@ -218,18 +218,18 @@ def _sums(
         (first.f64(), True) if first is not None else None,
     )
     if x.fast and part.nan + part.inf == 0:  # a neighbour's NaN sent it here: ‖x‖² as the fast path sums it,
-        got = chunk_norms(x)  # so equal blocks have equal norms whichever path (the reverted rule)
-        if all(np.isfinite(got)):
-            part.norm2 = sum(got)
+        got = row_norms(x)  # so equal blocks have equal norms whichever path (the reverted rule)
+        if np.isfinite(got).all():
+            part.norm2 = float(got.sum())
             return part, got
     return part, None
 
 
-def _with_norms(b: Block | None, j: int | None, norms: dict[int, list[float]]) -> tuple[Block, list[float]] | None:
+def _with_norms(b: Block | None, j: int | None, norms: dict[int, np.ndarray]) -> tuple[Block, np.ndarray] | None:
     if b is None or j is None:
         return None
     if j not in norms:
-        norms[j] = chunk_norms(b)
+        norms[j] = row_norms(b)
     return b, norms[j]
 
 
