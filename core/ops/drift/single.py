@@ -187,7 +187,7 @@ def accumulate32(
         return None
     xf = dd = dp = 0.0
     if first is not None and fa is not None and rf is not None:
-        small = rf * rf < 0.25 * rx * first[1]  # also True where a product is not finite: redone, then caught
+        small = rf * rf < 0.25 * rx * first[1]  # (a product not finite stays: caught below)
         if small.any():
             rf[small] = _rows64(xa, fa, small)
         xf = float(rf.sum())
