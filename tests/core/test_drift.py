@@ -277,3 +277,23 @@ def test_large_blocks_equal_a_float64_reference(tmp_path: Path) -> None:
     assert report.series["nan"]["nan"] == [0, 0, 1, 1]
     assert {(a.step, a.entry, a.kind) for a in report.anomalies} == {(3, "nan", "nonfinite")}
     assert _compare(report, states) > 100
+
+
+def test_threads_do_not_change_the_sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks summed on 1 thread or on 3 (a machine with more cores) merge to the same floats, bit
+    for bit: blocks are merged in row-major order whoever summed them."""
+    from dcpstudio.core.ops.drift import stream
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(3 * (1 << 15) + 77, generator=g)
+    root = tmp_path / "run"
+    root.mkdir()
+    for k in range(3):
+        w = w + torch.randn(w.shape, generator=g) * 1e-3
+        torch.save({"w": w, "b": w[:1000].bfloat16()}, root / f"step_{k + 1}.pt")
+    reports = []
+    for threads in (1, 3):
+        monkeypatch.setattr(stream, "THREADS", threads)
+        reports.append(drift(detect_run(root), cache=False, block_elements=1 << 15).json())
+    assert reports[0]["series"] == reports[1]["series"]
+    assert reports[0]["series"]["w"]["rel_change"][1] > 0

@@ -3,7 +3,7 @@ and the anomalies, reading each checkpoint once.
 
 Each step's checkpoints are opened once and passed down. Steps whose sums are cached (under the
 identities of the checkpoints they depend on, :mod:`.cache`) are not read at all; the others are
-streamed tensor by tensor (:mod:`.stream`, on two threads), reading the cached steps they compare
+streamed tensor by tensor (:mod:`.stream`, a thread per core), reading the cached steps they compare
 with only as far as needed.
 """
 

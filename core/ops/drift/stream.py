@@ -6,10 +6,10 @@ For one tensor, the blocks are cut by element count (:func:`~...io.blocks.blocks
 element), so the same block covers the same elements at every step whatever each step's dtype. One
 *unit* of work is one block across the steps: only the blocks later steps still compare with are
 kept -- the previous step's, the one before it (to tell a transient fault from a lasting change) and
-the first step's. Units are independent: they run on two threads (the readers and numpy release the
-GIL; one reads while the other computes), a few ahead, and their sums are merged in order
-(:func:`~.metrics.merge`), so the result does not depend on the threads. Memory: about four blocks of
-:data:`BLOCK_ELEMENTS` elements per unit in flight.
+the first step's. Units are independent: they run on a thread per core, up to :data:`THREADS` (the
+readers and numpy release the GIL: one reads while another computes), a few ahead, and their sums
+are merged in order (:func:`~.metrics.merge`), so the result does not depend on the threads.
+Memory: about four blocks of :data:`BLOCK_ELEMENTS` elements per unit in flight.
 
 A block whose bytes lie in place (:func:`~...checkpoints.canonical.canonical_source`) is read without
 torch; float32, bfloat16 and float16 blocks are summed in float32 (:mod:`.single`), the rest -- and
@@ -44,7 +44,18 @@ BLOCK_ELEMENTS = 1 << 20
 """Elements per block: few enough that the kept blocks stay small, many enough that per-block costs
 (a read call, a DCP chunk lookup) vanish."""
 
-THREADS = max(1, min(2, os.cpu_count() or 1))
+
+def _cores() -> int:
+    """The cores this process may run on (a container's or a job's share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+THREADS = max(1, min(8, _cores()))
+"""Blocks summed at once: a few numpy calls per block hold the GIL, so threads scale with the cores
+(each holds about four blocks)."""
 
 _PLAIN = {**FAST, "float64": "<f8", "bool": "u1", "int8": "i1", "uint8": "u1", "int16": "<i2", "int32": "<i4",
           "int64": "<i8", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8"}  # fmt: skip
@@ -240,11 +251,12 @@ def stream_run(
     reporter: Reporter,
     *,
     block_elements: int = BLOCK_ELEMENTS,
-    threads: int = THREADS,
+    threads: int | None = None,
 ) -> Iterator[tuple[str, dict[int, StepSums]]]:
     """Each tensor of ``names`` with its sums at each step of ``needed`` that holds it, in order;
     ``presence[name]`` maps a step's index to where that step holds the tensor. Steps outside
     ``needed`` are read only as far as a needed step compares with them."""
+    threads = threads or THREADS
     buffers = BufferPool(keep=2 * threads)
     ahead = 2 * threads
     inflight: deque[tuple[_Tensor, int, Future[dict[int, StepSums]]]] = deque()
