@@ -240,6 +240,32 @@ def test_rows_arrive_one_by_one_in_order(tmp_path: Path) -> None:
     ]
 
 
+def test_only_one_entry_or_module(tmp_path: Path) -> None:
+    """``only``: the entry of that name or those under it (a module, not a name that merely starts the
+    same), only-in-A/B included; only their bytes are read; the rows equal the whole comparison's."""
+    a = {"layers.1.w": torch.ones(4), "layers.1.b": torch.ones(2), "layers.10.w": torch.ones(3), "lr": 0.1,
+         "layers.1.gone": torch.ones(1)}  # fmt: skip
+    b = {**a, "layers.1.w": torch.full((4,), 2.0), "layers.1.new": torch.ones(1)}
+    del b["layers.1.gone"]
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    seen: list[Progress] = []
+    with open_checkpoint(tmp_path / "a.pt") as x, open_checkpoint(tmp_path / "b.pt") as y:
+        whole = {r.fqn: r for r in compare(x, y)}
+        module = compare(x, y, only="layers.1", progress=seen.append)
+        one = compare(x, y, only="layers.10.w")
+        none = compare(x, y, only="layers.2")
+    assert [(r.fqn, r.status) for r in module] == [
+        ("layers.1.w", "different"),
+        ("layers.1.b", "equal"),
+        ("layers.1.gone", "only_a"),
+        ("layers.1.new", "only_b"),
+    ]
+    assert all(r == whole[r.fqn] for r in module)
+    assert max(p.total_bytes for p in seen) == 2 * (4 + 2) * 4  # A's and B's bytes of the module only
+    assert [r.fqn for r in one] == ["layers.10.w"] and none == []
+
+
 def test_cancel_midway(tmp_path: Path) -> None:
     sd = {f"t{i}": torch.randn(100) for i in range(5)}
     torch.save(sd, tmp_path / "a.pt")

@@ -51,7 +51,7 @@ from .values import Tally, add_block, objects_equal, one_torch_thread, same_byte
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DiffReport", "EntryComparison", "Status", "ValueMismatch", "compare", "diff"]
+__all__ = ["DiffReport", "EntryComparison", "Status", "ValueMismatch", "compare", "diff", "within"]
 
 Status = Literal["equal", "different", "only_a", "only_b", "kind", "dtype", "shape"]
 
@@ -253,12 +253,28 @@ def _folded(x: Checkpoint, y: Checkpoint, fqn: str, names: list[str], sides: tup
     return _row(fqn, "equal" if same else "different", *sides)
 
 
+def within(fqn: str, name: str | None) -> bool:
+    """Whether entry ``fqn`` is ``name`` or lies under it (``name`` a module: ``model.layers.0``
+    holds ``model.layers.0.attention.wq.weight``, not ``model.layers.01.w``); None holds everything."""
+    return name is None or fqn == name or fqn.startswith(name + ".")
+
+
 def _rows(
-    a: Checkpoint, b: Checkpoint, rtol: float, atol: float, budget: int, reporter: Reporter, quick: bool
+    a: Checkpoint,
+    b: Checkpoint,
+    rtol: float,
+    atol: float,
+    budget: int,
+    reporter: Reporter,
+    quick: bool,
+    only: str | None = None,
 ) -> Iterator[EntryComparison]:
-    """One row per entry: A's in A's order, then those only in B. Sets the reporter's totals."""
+    """One row per entry (``only``: per entry :func:`within` it): A's in A's order, then those only
+    in B. Sets the reporter's totals."""
     a.tree, b.tree  # noqa: B018 - the whole structure, checked (a DCP's storage index too), before any value
-    pairs = [(e, b.entries[k]) for k, e in a.entries.items() if k in b.entries]
+    a_entries = {k: e for k, e in a.entries.items() if within(k, only)}
+    b_entries = {k: e for k, e in b.entries.items() if within(k, only)}
+    pairs = [(e, b_entries[k]) for k, e in a_entries.items() if k in b_entries]
     reporter.total_items = len(pairs)
     reporter.total_bytes = sum(
         x.nbytes + y.nbytes for x, y in pairs if x.kind == y.kind == "tensor" and x.shape == y.shape
@@ -267,9 +283,9 @@ def _rows(
     folded = {n for names in (*in_b.values(), *in_a.values()) for n in names}
     with ThreadPoolExecutor(2, thread_name_prefix="dcpstudio-read") as threads, one_torch_thread():
         readers = (threads, BufferPool())
-        for fqn, ea in a.entries.items():
+        for fqn, ea in a_entries.items():
             reporter.check()
-            eb = b.entries.get(fqn)
+            eb = b_entries.get(fqn)
             if fqn in in_b:
                 yield _folded(a, b, fqn, in_b[fqn], (ea, None))
                 continue
@@ -297,10 +313,10 @@ def _rows(
                 row = _row(fqn, status, ea, eb, **values, **metrics)
             reporter.advance(0, current=fqn)
             yield row
-    for fqn, eb in b.entries.items():
+    for fqn, eb in b_entries.items():
         if fqn in in_a:
             yield _folded(b, a, fqn, in_a[fqn], (None, eb))
-        elif fqn not in a.entries and fqn not in folded:
+        elif fqn not in a_entries and fqn not in folded:
             yield _row(fqn, "only_b", None, eb)
 
 
@@ -314,8 +330,11 @@ def compare(
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     on_entry: Callable[[EntryComparison], None] | None = None,
+    only: str | None = None,
 ) -> list[EntryComparison]:
     """Every entry of ``a`` and ``b`` compared: A's entries in A's order, then those only in B.
+    ``only``: just the entry of that name and those under it (:func:`within`) -- one tensor or
+    module of two large checkpoints compared at the cost of its own bytes.
 
     ``on_entry`` receives each row as it is finished (a view can fill in live). Tensors are read in
     blocks of at most ``budget`` bytes, two pairs at a time; with the float64 working copies a
@@ -323,7 +342,7 @@ def compare(
     :class:`~.errors.CancelledError` when ``cancel`` is set (rows already handed out stay valid).
     """
     out = []
-    for row in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), quick=False):
+    for row in _rows(a, b, rtol, atol, budget, Reporter(progress, cancel), quick=False, only=only):
         out.append(row)
         if on_entry is not None:
             on_entry(row)
