@@ -6,7 +6,8 @@ The window opens a run like a checkpoint (File › Open as Run…, or any folder
 :meth:`RunSession.show` starts :func:`~dcpstudio.core.ops.drift.drift` as the ``drift`` job --
 progress and Cancel in the Run view, which it makes (and pyqtgraph is imported) the first time.
 Choosing a step opens that step's checkpoint; clicking a point of the plot at step k opens step k-1
-and compares it with step k in the Compare view, the entry selected. What is asked of a step waits
+and compares it with step k in the Compare view on that entry only (a tensor, or a module's entries),
+the entry selected -- Compare Everything there widens it to the whole steps. What is asked of a step waits
 in :attr:`RunSession.pending` until the window has opened it (:meth:`opened`).
 
 A step's checkpoint names its entries without the prefix its part has in the run (a Hugging Face
@@ -25,7 +26,6 @@ from PySide6.QtCore import Qt
 from dcpstudio.core import Checkpoint, DCPStudioError, Node
 from dcpstudio.core.checkpoints.model import printable
 
-from .compare_model import ROW_ROLE
 from .locations import is_remote, location
 from .notify import describe
 
@@ -241,17 +241,18 @@ class RunSession:
         )  # fmt: skip
 
     # -- what the Run view asks for ---------------------------------------------------------------
-    def _open_then(self, position: int, then: Callable[[Checkpoint], None]) -> None:
-        """Open the step at ``position`` in the window (unless it is open), then ``then(ckpt)``."""
+    def _open_then(self, position: int, then: Callable[[Checkpoint], None]) -> Any:
+        """Open the step at ``position`` in the window (unless it is open), then ``then(ckpt)``; the
+        opening job, or None when the step was open already."""
         target = self.step_location(position)
         ckpt = self.w.ckpt
         if ckpt is not None and _same(ckpt.path, target):
             self.position = position
             self._shade()
             then(ckpt)
-            return
+            return None
         self.pending = (str(target), then)
-        self.w.open_path(target)
+        return self.w.open_path(target)
 
     def choose_step(self, position: int) -> None:
         """Show the step at ``position`` in the tree (the entry plotted stays selected)."""
@@ -264,32 +265,57 @@ class RunSession:
 
         self._open_then(position, reselect)
 
-    def compare(self, a: int, b: int, name: str) -> None:
-        """Compare the step at ``a`` (the window's checkpoint, A) with the one at ``b`` (B), on ``name``."""
+    def compare(self, a: int, b: int, name: str) -> Any:
+        """Compare the step at ``a`` (the window's checkpoint, A) with the one at ``b`` (B), focused on
+        ``name`` (a tensor, or a module: the entries under it): only those are read, the entry is
+        selected, and the Compare view offers Compare Everything. The outcome -- or why there is
+        none -- is said here too."""
         b_location = self.step_location(b)
+        steps = f"step {self.run.steps[a].step} with step {self.run.steps[b].step}"
+        elsewhere = self._part_of(b, name)
+        if elsewhere is not None:
+            self.view.say(
+                f"{name} is in the steps' {elsewhere}, which the window does not show: open it to compare it.", "error"
+            )
+            return None
+        fqn = self.checkpoint_name(name) or name
+        run = self.run
 
-        def run(_ckpt: Checkpoint) -> None:
-            fqn = self.checkpoint_name(name) or name
+        def said(text: str, state: str = "") -> None:
+            if self.run is run:
+                self.view.say(text, state)
+
+        def compare(_ckpt: Checkpoint) -> None:
             self.w.select(fqn)
             view = self.w.compare_view
             self.w.views.setCurrentWidget(view)
-            job = view.run(Path(b_location) if isinstance(b_location, Path) else b_location)
-            if job is not None:
-                job.result.connect(lambda _r: self._select_compared(fqn))
-
-        self._open_then(a, run)
-        self.view.say(f"Comparing step {self.run.steps[a].step} with step {self.run.steps[b].step} on {name}…")
-
-    def _select_compared(self, fqn: str) -> None:
-        view = self.w.compare_view
-        proxy = view.table.model()
-        for row in range(proxy.rowCount()):
-            r = proxy.index(row, 0).data(ROW_ROLE)
-            if r is not None and r.fqn == fqn:
-                view.table.selectRow(row)
-                view.table.scrollTo(proxy.index(row, 0))
-                view.table.setFocus(Qt.FocusReason.OtherFocusReason)
+            job = view.run(Path(b_location) if isinstance(b_location, Path) else b_location, only=fqn)
+            if job is None:  # refused (its tolerances): the Compare view's message says why
+                said(f"Not compared ({steps} on {name}): see the Compare view.", "error")
                 return
+            job.result.connect(lambda _r: said(f"Compared {steps} on {name}: see Compare ({view.summary.text()})."))
+            job.errored.connect(lambda e: said(f"Not compared ({steps} on {name}): {describe(e)}", "error"))
+            job.cancelled.connect(lambda: said(f"Comparison of {steps} on {name} cancelled."))
+
+        self.view.say(f"Comparing {steps} on {name}…")
+        opening = self._open_then(a, compare)
+        if opening is not None:
+
+            def not_opened(e: BaseException) -> None:
+                if self.pending is not None and self.pending[1] is compare:
+                    self.pending = None  # not to compare when the step opens some other time
+                said(f"Not compared: step {run.steps[a].step} did not open: {describe(e)}", "error")
+
+            opening.errored.connect(not_opened)
+        return opening
+
+    def _part_of(self, position: int, name: str) -> str | None:
+        """The file of the step at ``position`` holding report entry ``name`` when it is not the part
+        the window opens (a Hugging Face Trainer folder's ``optimizer.pt``), else None."""
+        for prefix, where, _fmt in self.run.steps[position].parts[1:]:
+            if prefix and name.startswith(prefix):
+                return str(getattr(where, "name", where))
+        return None
 
     def select_entry(self, name: str) -> None:
         fqn = self.checkpoint_name(name)

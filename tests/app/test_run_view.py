@@ -1,7 +1,7 @@
 """The Run view (issue 31): a folder of DCP checkpoints by step opens as a run -- the step list, the
 tree shaded by the step's relative change, the plot of the entry selected (its points are the
 report's), hover values, the anomaly list, and a click on a point at step k comparing steps k-1
-and k on that entry. The run is made here with ``dcp.save`` on one process: four steps of three
+and k on that entry only (a tensor, or a module's entries), which Compare Everything widens. The run is made here with ``dcp.save`` on one process: four steps of three
 layers, layer 1 frozen from the third step on."""
 
 from __future__ import annotations
@@ -103,11 +103,31 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     finish(qtbot, window, "compare")
     assert window.ckpt.path == tiny_run / "step-20" and compare.b_path.text() == str(tiny_run / "step-30")
     qtbot.waitUntil(lambda: compare.selected_fqn() == name, timeout=5_000)
+    # on that tensor only: one row, selected, its values side by side; Compare Everything widens
+    assert [r.fqn for r in compare.model.rows] == [name] and compare.focus == name
+    assert compare.focus_bar.isVisibleTo(compare) and name in compare.focus_label.text()
     row = compare.table.currentIndex().siblingAtColumn(0).data(Qt.ItemDataRole.UserRole + 1)
-    assert row is None or math.isclose(row.rel_l2, want[2], rel_tol=1e-6)
+    assert math.isclose(row.rel_l2, want[2], rel_tol=1e-6)
+    qtbot.waitUntil(lambda: compare.a_values.rowCount() == 12 and compare.b_values.rowCount() == 12, timeout=5_000)
+    assert view.status.text().startswith("Compared step 20 with step 30 on model.layers.0.w: see Compare")
+    compare.widen_button.click()
+    finish(qtbot, window, "compare")
+    assert {r.fqn for r in compare.model.rows} == {"model.layers.0.w", FROZEN, "model.layers.2.w", "step"}
+    assert compare.focus is None and not compare.focus_bar.isVisibleTo(compare)
     assert view.position == 1  # the tree shows step 20, shaded by its change
     assert "step 20" in window.tree_pane.model.index_of(name).data(Qt.ItemDataRole.ToolTipRole)
     assert str(tiny_run / "step-20") not in window.settings.recent()  # a step shown, not a file opened
+
+    # a group's point at step 40: the module's entries compared, steps 30 and 40
+    window.views.setCurrentWidget(view)
+    assert window.select("model.layers")
+    view._point_clicked(3)
+    qtbot.waitUntil(lambda: compare.focus == "model.layers", timeout=20_000)
+    finish(qtbot, window, "compare")
+    assert [r.fqn for r in compare.model.rows] == ["model.layers.0.w", FROZEN, "model.layers.2.w"]
+    assert compare.focus == "model.layers" and compare.selected_fqn() == "model.layers.0.w"
+    assert window.ckpt.path == tiny_run / "step-30" and compare.b_path.text() == str(tiny_run / "step-40")
+    assert {r.fqn: r.status for r in compare.model.rows}[FROZEN] == "equal"
 
     # activating an anomaly shows its step, its entry selected and plotted
     row = next(r for r in range(view.anomalies.rowCount()) if view.anomalies.item(r, 2).text() == "frozen")

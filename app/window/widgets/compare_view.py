@@ -1,7 +1,13 @@
 """The compare view: checkpoint B beside the open checkpoint A (any format pair), every entry with
 its status, max abs diff, relative L2 change and cosine similarity, filled in as a worker compares
 them; sortable, with editable tolerances, cancellable. Selecting an entry shows both values side
-by side."""
+by side.
+
+A comparison can be *focused* on one entry or module (``run(b, only=name)``: what a click on the Run
+view's plot asks): only that entry, or the entries under that module, are compared -- at the cost of
+their own bytes -- and the entry is selected when done. A bar above the table says so, with
+Compare Everything to widen to the whole checkpoints; the focus stays for a new B or new tolerances
+until it is widened or A changes."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -22,61 +28,21 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableView,
-    QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from dcpstudio.core import Checkpoint, open_checkpoint
-from dcpstudio.core.checkpoints.model import printable, short_repr
-from dcpstudio.core.ops.explore.slices import SliceSpec, cell_note, display_cells, read_window
+from dcpstudio.core.checkpoints.model import printable
 
 from ..compare_model import HIDDEN_AT_FIRST, ROW_ROLE, CompareModel, CompareProxy
 from ..context import Context
 from ..locations import accept_copy, dropped_locations, is_remote, name_of, shown
 from ..notify import describe
-from ..value_model import format_value
 from ..workers import Job
+from .compare_sides import fill_side, side_cell, side_values, values_table
 
 __all__ = ["CompareView", "side_values"]
-
-_SIDE = (24, 12)  # rows, columns shown of each value
-
-
-def side_values(ckpt: Checkpoint | None, fqn: str) -> tuple[list[list[str]], str]:
-    """The first values of ``fqn`` in ``ckpt`` as text cells, and a caption (on a worker)."""
-    if ckpt is None or fqn not in ckpt.entries:
-        return [], "not in this checkpoint"
-    entry = ckpt.entries[fqn]
-    if entry.kind != "tensor":
-        return [[short_repr(ckpt.read_value(fqn), 300)]], "value"
-    spec = SliceSpec.default(tuple(entry.shape or ()))
-    t = read_window(ckpt, fqn, spec, 0, _SIDE[0], 0, _SIDE[1])
-    rows = min(spec.n_rows, _SIDE[0])
-    cols = min(spec.n_cols, _SIDE[1])
-    caption = f"{spec.label()} rows 0–{rows - 1}, columns 0–{cols - 1}" if entry.shape else "scalar"
-    note = cell_note(entry.dtype)
-    return [[format_value(v) for v in row] for row in display_cells(t)], caption + (f"; {note}" if note else "")
-
-
-def side_cell(ndim: int, first: tuple[int, ...] | None) -> tuple[int, int] | None:
-    """The (row, column) of the side panes where the element at ``first`` shows (they show the
-    first two dimensions at index 0 of the others, numbered from 0 like the Values tab), or None
-    when it lies outside the values shown."""
-    if first is None or len(first) != ndim or any(first[2:]):
-        return None
-    row, col = (first[0] if ndim else 0), (first[1] if ndim > 1 else 0)
-    return (row, col) if row < _SIDE[0] and col < _SIDE[1] else None
-
-
-def _values_table() -> QTableWidget:
-    t = QTableWidget(0, 0)
-    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-    t.setTabKeyNavigation(False)
-    t.horizontalHeader().setDefaultSectionSize(78)
-    t.verticalHeader().setDefaultSectionSize(22)
-    return t
 
 
 class CompareView(QWidget):
@@ -89,6 +55,7 @@ class CompareView(QWidget):
         self.ctx = ctx
         self.setAcceptDrops(True)
         self.b: Checkpoint | None = None
+        self.focus: str | None = None  # the entry or module the comparison is restricted to
         self.a_label = QLabel("A: the open checkpoint")
         self.a_label.setTextFormat(Qt.TextFormat.PlainText)
         self.b_path = QLineEdit()
@@ -121,6 +88,19 @@ class CompareView(QWidget):
         self.differences.toggled.connect(lambda on: self.proxy.set_differences_only(on))
         self.summary = QLabel()
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.focus_label = QLabel()
+        self.focus_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.focus_label.setWordWrap(True)
+        self.widen_button = QPushButton("Compare Everything")
+        self.widen_button.setToolTip("Compare every entry of A and B, not only the focused one")
+        self.widen_button.clicked.connect(self.widen)
+        self.focus_bar = QWidget()
+        self.focus_bar.setObjectName("compareFocus")
+        focus_lay = QHBoxLayout(self.focus_bar)
+        focus_lay.setContentsMargins(0, 0, 0, 0)
+        focus_lay.addWidget(self.focus_label, 1)
+        focus_lay.addWidget(self.widen_button)
+        self.focus_bar.setVisible(False)
         self.table = QTableView()
         self.table.setModel(self.proxy)
         self.table.setSortingEnabled(True)
@@ -140,7 +120,7 @@ class CompareView(QWidget):
         header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         header.customContextMenuRequested.connect(self._header_menu)
         self.table.selectionModel().currentRowChanged.connect(lambda *_: self._row_selected())
-        self.a_values, self.b_values = _values_table(), _values_table()
+        self.a_values, self.b_values = values_table(), values_table()
         self.a_caption, self.b_caption = QLabel("A"), QLabel("B")
         self.explore_button = QPushButton("Explore A's values")
         self.explore_button.clicked.connect(self._explore)
@@ -176,6 +156,7 @@ class CompareView(QWidget):
         lay.addLayout(row1)
         lay.addLayout(row2)
         lay.addWidget(self.summary)
+        lay.addWidget(self.focus_bar)
         lay.addWidget(split, 1)
         lay.addWidget(self.explore_button, 0, Qt.AlignmentFlag.AlignRight)
         self._set_busy(False)
@@ -230,6 +211,7 @@ class CompareView(QWidget):
         self.ctx.board.cancel("compare")
         self.ctx.board.cancel("compare-values")
         self.close_b()
+        self._set_focus(None)
         self.model.clear()
         self.summary.setText("")
         self.progress.reset()  # no percentage: nothing compared with this checkpoint yet
@@ -238,7 +220,20 @@ class CompareView(QWidget):
             t.setRowCount(0)
             t.setColumnCount(0)
 
-    def run(self, b_path: Path | None = None) -> Job | None:
+    def _set_focus(self, name: str | None) -> None:
+        self.focus = name
+        self.focus_bar.setVisible(name is not None)
+        if name is not None:
+            self.focus_label.setText(f"Only {printable(name)} (or what lies under it) is compared.")
+
+    def widen(self) -> Job | None:
+        """Compare Everything: the same A and B, every entry."""
+        self._set_focus(None)
+        return self.run()
+
+    def run(self, b_path: Path | None = None, only: str | None = None) -> Job | None:
+        """Compare A with ``b_path`` (or the B given before); ``only``: focus on that entry or module
+        (see the module docstring), which stays until widened."""
         a = self.ctx.checkpoint()
         if a is None:
             self.ctx.notifier.info("Open a checkpoint first: it is A, the one B is compared with.")
@@ -258,6 +253,9 @@ class CompareView(QWidget):
             self.ctx.notifier.info("Tolerances are numbers ≥ 0, e.g. rtol 1e-3, atol 1e-6.")
             return None
         b = text if is_remote(text) else Path(text).expanduser()  # a URL is opened by the worker
+        if only is not None:
+            self._set_focus(only)
+        focus = self.focus
         self.model.clear()
         self.summary.setText(f"Comparing with {name_of(b)}…")
         self._set_busy(True)
@@ -271,7 +269,7 @@ class CompareView(QWidget):
             progress(("opened", other))  # B's values can be shown while the comparison runs
             try:
                 rows = compare(
-                    a, other, rtol=rtol, atol=atol, progress=progress, cancel=cancel, on_entry=lambda r: progress(r)
+                    a, other, rtol=rtol, atol=atol, progress=progress, cancel=cancel, on_entry=progress, only=focus
                 )
             except BaseException:
                 if cancel.cancelled:
@@ -282,6 +280,11 @@ class CompareView(QWidget):
         def done(result: tuple[Checkpoint, list[Any]]) -> None:
             self.progress.setValue(self.progress.maximum())
             self._summarise(result[1])
+            if focus is not None and focus == self.focus:
+                if not result[1]:
+                    self.summary.setText(f"Neither A nor B holds {printable(focus)} or anything under it.")
+                elif not self.select(focus):
+                    self.select(result[1][0].fqn)  # a module: its first entry
 
         job = self.ctx.start("compare", work, done, lambda: self._set_busy(False), self._progress)
         job.cancelled.connect(lambda: self._stopped(a, f"Cancelled after {self.model.rowCount():,} entries."))
@@ -315,6 +318,17 @@ class CompareView(QWidget):
         self.ctx.board.cancel("compare")
 
     # -- one entry, side by side ----------------------------------------------------------------------
+    def select(self, fqn: str) -> bool:
+        """Select the row of entry ``fqn`` (its values are shown side by side); False when none."""
+        for row in range(self.proxy.rowCount()):
+            r = self.proxy.index(row, 0).data(ROW_ROLE)
+            if r is not None and r.fqn == fqn:
+                self.table.selectRow(row)
+                self.table.scrollTo(self.proxy.index(row, 0))
+                self.table.setFocus(Qt.FocusReason.OtherFocusReason)
+                return True
+        return False
+
     def selected_fqn(self) -> str | None:
         index = self.table.currentIndex()
         row = index.siblingAtColumn(0).data(ROW_ROLE) if index.isValid() else None
@@ -343,18 +357,7 @@ class CompareView(QWidget):
                 (result[1], self.b_values, self.b_caption, "B"),
             ):
                 label.setText(f"{name}: {caption}")
-                table.setRowCount(len(cells))
-                table.setColumnCount(max((len(r) for r in cells), default=0))
-                table.setVerticalHeaderLabels([str(i) for i in range(table.rowCount())])
-                table.setHorizontalHeaderLabels([str(j) for j in range(table.columnCount())])
-                for i, cells_row in enumerate(cells):
-                    for j, text in enumerate(cells_row):
-                        table.setItem(i, j, QTableWidgetItem(text))
-                item = table.item(*mark) if mark is not None else None
-                if item is not None:
-                    item.setBackground(QColor("#fde68a"))
-                    item.setToolTip(f"The first element outside the tolerance, at {list(first or ())}")
-                    table.scrollToItem(item)
+                fill_side(table, cells, mark, first)
 
         self.ctx.start("compare-values", work, done)
 
