@@ -82,20 +82,26 @@ def train(
     freeze: tuple[str, int] | None = None,
     resume: tuple[int, int] | None = None,
     seed: int = 0,
+    log: list[dict[str, Any]] | None = None,
 ) -> list[tuple[int, Tiny, torch.optim.Optimizer]]:
     """Train and return, after each step, (step, a copy of the model, a copy of the optimizer).
     ``freeze=(prefix, k)``: parameters under ``prefix`` stop learning at step k (checkpoint k equals
-    k-1 for them); ``resume=(k, j)``: step k starts from the state saved after step j."""
+    k-1 for them); ``resume=(k, j)``: step k starts from the state saved after step j; ``log`` gets
+    each step's ``{"step", "loss", "learning_rate", "grad_norm"}`` (what a Trainer logs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small: threads only wait for each other on a shared machine
     try:
-        return _train(steps, freeze, resume, seed)
+        return _train(steps, freeze, resume, seed, log)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(
-    steps: int, freeze: tuple[str, int] | None, resume: tuple[int, int] | None, seed: int
+    steps: int,
+    freeze: tuple[str, int] | None,
+    resume: tuple[int, int] | None,
+    seed: int,
+    log: list[dict[str, Any]] | None,
 ) -> list[tuple[int, Tiny, torch.optim.Optimizer]]:
     torch.manual_seed(seed)
     model = Tiny()
@@ -118,6 +124,12 @@ def _train(
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if log is not None:
+            grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+            norm = float(torch.cat(grads).norm())
+            log.append(
+                {"step": step, "loss": float(loss), "learning_rate": opt.param_groups[0]["lr"], "grad_norm": norm}
+            )
         opt.step()
         m, o = copy.deepcopy((model, opt))  # together: the copy of the optimizer holds the copied parameters
         out.append((step, m, o))
@@ -221,8 +233,41 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def save_hf_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]]) -> Path:
-    """``root/checkpoint-N`` folders as transformers' Trainer writes them."""
+STEPS_PER_EPOCH = 4
+
+
+def trainer_state(step: int, log: list[dict[str, Any]], logging_steps: int = 2, eval_steps: int = 6) -> dict[str, Any]:
+    """``trainer_state.json`` as transformers' Trainer writes it at step ``step``: what was logged so far
+    (every ``logging_steps``: loss, learning rate, gradient norm; every ``eval_steps`` an evaluation
+    of its own, ``eval_loss``), with the epoch."""
+    history: list[dict[str, Any]] = []
+    for entry in log:
+        at = entry["step"]
+        if at > step:
+            break
+        epoch = at / STEPS_PER_EPOCH
+        if at % logging_steps == 0:
+            history.append({"epoch": epoch, **entry})
+        if at % eval_steps == 0:
+            history.append({"epoch": epoch, "eval_loss": entry["loss"] + 0.25, "eval_runtime": 0.1, "step": at})
+    return {
+        "best_metric": None,
+        "epoch": step / STEPS_PER_EPOCH,
+        "eval_steps": eval_steps,
+        "global_step": step,
+        "is_world_process_zero": True,
+        "log_history": history,
+        "logging_steps": logging_steps,
+        "max_steps": len(log),
+        "train_batch_size": 8,
+    }
+
+
+def save_hf_run(
+    root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer]], log: list[dict[str, Any]] | None = None
+) -> Path:
+    """``root/checkpoint-N`` folders as transformers' Trainer writes them; ``log``: what :func:`train`
+    logged, for their ``trainer_state.json`` (:func:`trainer_state`)."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -231,7 +276,7 @@ def save_hf_run(root: Path, trained: list[tuple[int, Tiny, torch.optim.Optimizer
         folder.mkdir()
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
         torch.save(opt.state_dict(), folder / "optimizer.pt")
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        (folder / "trainer_state.json").write_text(json.dumps(trainer_state(step, log or []), indent=2))
     return root
 
 

@@ -152,7 +152,8 @@ def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ``step-N``: layer 1 frozen from step 4, a flipped mantissa bit in step 7's
     ``model.layers.0.attention.wq.weight``, a NaN in ``model.output.weight`` from step 10, a tensor
     added at step 9), ``healthy`` (Hugging Face Trainer ``checkpoint-N``; None without safetensors),
-    ``resumed`` (DCP, step 9 resumed from step 3's state), with what each was made from."""
+    ``resumed`` (DCP, step 9 resumed from step 3's state), with what each was made from (``healthy_log``:
+    what its training logged, in its ``trainer_state.json``)."""
     from tests import _runs
 
     root = tmp_path_factory.mktemp("runs")
@@ -171,5 +172,7 @@ def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         import safetensors  # noqa: F401
     except ImportError:
         return out
-    out["healthy"] = _runs.save_hf_run(root / "hf", _runs.train(12, seed=5))
+    log: list[dict[str, Any]] = []
+    out["healthy"] = _runs.save_hf_run(root / "hf", _runs.train(12, seed=5, log=log), log)
+    out["healthy_log"] = log
     return out

@@ -54,6 +54,8 @@ def run_drift(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    for note in report.notes:
+        print(f"dcpstudio: warning: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.json(), indent=1, allow_nan=False))
     elif args.csv:

@@ -1,8 +1,9 @@
 """The Run view (issue 31): a folder of DCP checkpoints by step opens as a run -- the step list, the
 tree shaded by the step's relative change, the plot of the entry selected (its points are the
 report's), hover values, the anomaly list, and a click on a point at step k comparing steps k-1
-and k on that entry only (a tensor, or a module's entries), which Compare Everything widens. The run is made here with ``dcp.save`` on one process: four steps of three
-layers, layer 1 frozen from the third step on."""
+and k on that entry only (a tensor, or a module's entries), which Compare Everything widens; a
+Hugging Face Trainer run's trainer_state.json scalars in the values table. The run is made here with
+``dcp.save`` on one process: four steps of three layers, layer 1 frozen from the third step on."""
 
 from __future__ import annotations
 

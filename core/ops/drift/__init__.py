@@ -6,7 +6,9 @@ threads, without torch where the bytes lie in place -- into the sums of :mod:`.m
 cache-sized chunks for float32/bfloat16/float16, :mod:`.single`; float64 otherwise), :mod:`.report`
 turns the sums into series per tensor and per module,
 :mod:`.anomalies` flags spikes, frozen tensors, NaN/Inf, reverted steps and layout changes, and
-:mod:`.cache` keeps each step's sums beside the index cache so an unchanged run re-opens at once.
+:mod:`.cache` keeps each step's sums beside the index cache so an unchanged run re-opens at once, and
+:mod:`.trainer_state` adds a Hugging Face Trainer step's scalars (step, epoch, learning rate, loss) to
+the values table.
 
 The API (what the command line and the window's Run view call, the latter from a worker thread)::
 
@@ -16,7 +18,9 @@ The API (what the command line and the window's Run view call, the latter from a
     report.steps                               # [int], ascending
     report.series[name][metric]                # a list aligned with report.steps (None: not there)
     report.groups[module][metric]              # the same per module (prefix of the dotted names)
-    report.values[name]                        # non-tensor values (step, lr) and 0-d tensors per step
+    report.values[name]                        # non-tensor values (step, lr) and 0-d tensors per step,
+                                               # trainer_state.json's (trainer_state.loss, ...)
+    report.notes                               # [str]: what was read but not used, and why
     report.anomalies                           # [Anomaly(step, entry, kind, detail, chunk)]
     report.json(), report.csv(), report.text()
 

@@ -1,5 +1,6 @@
 """``drift(run)``: every tensor's series over the run's steps, its modules' series, the values table
-and the anomalies, reading each checkpoint once.
+(with a Hugging Face Trainer step's trainer_state.json scalars, :mod:`.trainer_state`) and the
+anomalies, reading each checkpoint once.
 
 Each step's checkpoints are opened once and passed down. Steps whose sums are cached (under the
 identities of the checkpoints they depend on, :mod:`.cache`) are not read at all; the others are
@@ -23,6 +24,7 @@ from .metrics import StepSums
 from .report import Anomaly, DriftReport, group_series, tensor_series
 from .run import Run
 from .stream import BLOCK_ELEMENTS, Source, stream_run
+from .trainer_state import trainer_values
 
 __all__ = ["drift"]
 
@@ -179,6 +181,12 @@ def drift(
             for i, one in enumerate(sums[name]):
                 if one is not None and one.value is not None:
                     values_rows[i].setdefault(name, one.value)  # a one-element tensor: its value
+        notes = []
+        for i, step in enumerate(run.steps):  # read each time (a few KiB): a file's note is never lost to the cache
+            reporter.check()
+            found, note = trainer_values(step)
+            values_rows[i].update(found)
+            notes += [note] if note else []
         layouts = [{name: (e.kind, dtype_name(e.dtype) or "", e.shape) for name, (_, e) in es.items()} for es in opened]
         findings = find_anomalies([s.step for s in run.steps], sums, layouts)
         anomalies = [_anomaly(run, f, opened) for f in findings]
@@ -192,6 +200,7 @@ def drift(
         values={name: [row.get(name) for row in values_rows] for name in value_names},
         anomalies=anomalies,
         skipped=list(run.skipped),
+        notes=notes,
         cached_steps=len(cached),
         read_bytes=reporter.done_bytes,
     )

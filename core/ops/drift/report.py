@@ -130,6 +130,7 @@ class DriftReport:
     values: dict[str, list[Any]]
     anomalies: list[Anomaly]
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was read but not used, and why (a bad trainer_state.json)
     cached_steps: int = 0  # steps whose sums came from the cache
     read_bytes: int = 0
 
@@ -143,6 +144,7 @@ class DriftReport:
             "values": {n: [_clean(v) for v in vs] for n, vs in self.values.items()},
             "anomalies": [a.json() for a in self.anomalies],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
+            "notes": list(self.notes),
         }
 
     def csv(self) -> str:
@@ -170,6 +172,7 @@ class DriftReport:
             f"{self.steps[0]}..{self.steps[-1]}, {len(self.series)} tensors"
         ]
         lines += [f"  not a step yet: {name}: {why}" for name, why in self.skipped]
+        lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}")
         lines += ["  " + a.line() for a in self.anomalies]
         return "\n".join(lines)
