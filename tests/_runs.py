@@ -128,7 +128,7 @@ def _train(
             grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
             norm = float(torch.cat(grads).norm())
             log.append(
-                {"step": step, "loss": float(loss), "learning_rate": opt.param_groups[0]["lr"], "grad_norm": norm}
+                {"step": step, "loss": loss.item(), "learning_rate": opt.param_groups[0]["lr"], "grad_norm": norm}
             )
         opt.step()
         m, o = copy.deepcopy((model, opt))  # together: the copy of the optimizer holds the copied parameters

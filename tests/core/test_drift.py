@@ -4,9 +4,11 @@ readers and a float64 torch computation of every series."""
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,18 @@ def test_healthy_run_has_no_anomalies(training_runs: dict[str, Any]) -> None:
     assert report.anomalies == []
     states = [_runs.load_hf_step(training_runs["healthy"] / f"checkpoint-{s}") for s in report.steps]
     assert _compare(report, states) > 5000
+    # trainer_state.json's scalars: logged every 2 steps, so an odd step has the step before's loss;
+    # evaluated at 6 and 12, so eval_loss is there from step 6 on
+    log = {e["step"]: e for e in training_runs["healthy_log"]}
+    logged = [s if s % 2 == 0 else s - 1 for s in report.steps]
+    assert report.values["trainer_state.global_step"] == report.steps
+    assert report.values["trainer_state.epoch"] == [s / _runs.STEPS_PER_EPOCH for s in report.steps]
+    assert report.values["trainer_state.loss"] == [log[k]["loss"] if k else None for k in logged]
+    assert report.values["trainer_state.grad_norm"] == [log[k]["grad_norm"] if k else None for k in logged]
+    assert report.values["trainer_state.learning_rate"] == [None] + [3e-3] * 11
+    evaluated = [log[6]["loss"] + 0.25] * 6 + [log[12]["loss"] + 0.25]
+    assert report.values["trainer_state.eval_loss"] == [None] * 5 + evaluated
+    assert report.notes == []
     for name in [n for n in states[0] if n.endswith("exp_avg_sq")][:6]:
         for i, state in enumerate(states):
             t = state[name].to(torch.float64).reshape(-1)
@@ -146,6 +160,50 @@ def test_read_once_and_cached(training_runs: dict[str, Any]) -> None:
     third = drift(run)
     assert third.cached_steps == 9  # steps 10, 11, 12 compare with step 10
     assert third.json() == first.json()
+
+
+def test_a_bad_trainer_state_is_a_note(
+    training_runs: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trainer_state.json that is not JSON, too large, shaped otherwise or naming another step:
+    the run is analysed, those steps' trainer values are left out (or kept, for another global_step)
+    and a note says which file and why -- in the report, its JSON and text, and on the CLI's stderr."""
+    if training_runs["healthy"] is None:
+        pytest.skip("safetensors is not installed")
+    from dcpstudio.cli.main import main
+    from dcpstudio.core.ops.drift.trainer_state import STATE_LIMIT
+
+    states = {
+        1: json.dumps({"global_step": 1, "log_history": [{"step": 1, "loss": 2.5}]}),
+        2: '{"global_step": 2, "log_history": [',
+        4: json.dumps({"global_step": 4, "log_history": {"step": 4}}),
+        5: json.dumps({"global_step": 50, "epoch": 1.0}),
+    }
+    for step in range(1, 6):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        shutil.copy(training_runs["healthy"] / f"checkpoint-{step}" / "model.safetensors", folder)
+        with open(folder / "trainer_state.json", "w") as f:
+            if step == 3:
+                f.truncate(2 * STATE_LIMIT)  # sparse: too large, never read
+            else:
+                f.write(states[step])
+    report = drift(detect_run(tmp_path))
+    again = drift(detect_run(tmp_path))  # the sums cached; trainer_state.json read again, its notes too
+    assert again.cached_steps == 5 and (again.values, again.notes) == (report.values, report.notes)
+    assert report.values["trainer_state.global_step"] == [1, None, None, None, 50]
+    assert report.values["trainer_state.loss"] == [2.5, None, None, None, None]
+    assert report.values["trainer_state.epoch"] == [None, None, None, None, 1.0]
+    notes = report.notes
+    assert len(notes) == 4 and [n.split("/")[0] for n in notes] == [f"checkpoint-{k}" for k in (2, 3, 4, 5)]
+    assert notes[0].startswith("checkpoint-2/trainer_state.json: not JSON (") and "left out" in notes[0]
+    assert notes[1].startswith("checkpoint-3/trainer_state.json: 32.0 MiB, more than the 16.0 MiB"), notes[1]
+    assert "log_history is not a list" in notes[2]
+    assert notes[3] == "checkpoint-5/trainer_state.json: global_step 50, not the step 5 its folder is named for"
+    assert report.json()["notes"] == notes and f"note: {notes[0]}" in report.text()
+    assert main(["drift", str(tmp_path), "-q", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["notes"] == notes and err.splitlines() == [f"dcpstudio: warning: {n}" for n in notes]
 
 
 def _torch_file(path: Path, value: float) -> None:
