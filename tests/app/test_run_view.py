@@ -254,3 +254,34 @@ def test_a_damaged_step_is_said_in_the_run_view_and_cancel_stops_the_analysis(
     finish(qtbot, window, "drift")
     assert window.runs.report is None and view.status.text() == "Cancelled: nothing was computed."
     assert not view.cancel_button.isVisible() and view.again_button.isEnabled()
+
+
+def test_a_trainer_run_shows_its_trainer_state_by_step(qtbot: Any, window: MainWindow, tmp_path: Path) -> None:
+    """Hugging Face Trainer ``checkpoint-N`` folders: trainer_state.json's step, epoch, learning rate
+    and loss in Values by Step, a column per step; a malformed one is a note in the Run view."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(6, 4, generator=g)
+    history: list[dict[str, Any]] = []
+    for step in (10, 20, 30):
+        w.add_(0.01 * torch.randn(w.shape, generator=g))
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        save_file({"model.w": w.clone()}, str(folder / "model.safetensors"))
+        history.append({"step": step, "loss": 3.0 - step / 10, "learning_rate": 1e-3 / step})
+        state = {"global_step": step, "epoch": step / 20, "log_history": history}
+        (folder / "trainer_state.json").write_text(json.dumps(state) if step < 30 else '{"global_step": ')
+    view = _open_run(qtbot, window, tmp_path / "run")
+    table = view.values
+    rows = {table.item(r, 0).text(): [table.item(r, c).text() for c in range(1, 4)] for r in range(table.rowCount())}
+    assert [table.horizontalHeaderItem(c).text() for c in range(4)] == ["Value", "step 10", "step 20", "step 30"]
+    assert rows["trainer_state.global_step"] == ["10", "20", ""]
+    assert rows["trainer_state.epoch"] == ["0.5", "1.0", ""]
+    assert rows["trainer_state.loss"] == ["2.0", "1.0", ""]
+    assert rows["trainer_state.learning_rate"] == ["0.0001", "5e-05", ""]
+    assert view.lists.tabText(2) == "Values by Step (4)"
+    assert "Note: checkpoint-30/trainer_state.json: not JSON" in view.status.text(), view.status.text()

@@ -1,6 +1,7 @@
 """The Run view: a training run's checkpoints over their steps -- the step list, a plot of the
 entry chosen in the tree (a tensor, or a module's combined series), the anomalies, a heat map of
-every tensor at every step, the non-tensor values step by step.
+every tensor at every step, the non-tensor values step by step (with a Hugging Face Trainer run's
+trainer_state.json scalars: step, epoch, learning rate, loss), and the report's notes.
 
 It shows a :class:`~dcpstudio.core.ops.drift.DriftReport` and reads nothing: the window's run
 session (:mod:`..run_session`) computes the report as a job and says what to plot. What the user
@@ -209,9 +210,10 @@ class RunView(QWidget):
             self.metric_box.addItem(METRIC_TEXT.get(m) or m, m)
         self.metric_box.blockSignals(False)
         n = len(report.anomalies)
+        notes = list(getattr(report, "notes", ()))
         self.say(
             f"{len(report.steps)} steps ({report.steps[0]}–{report.steps[-1]}), {len(report.series):,} tensors, "
-            f"{n} anomal{'y' if n == 1 else 'ies'}"
+            f"{n} anomal{'y' if n == 1 else 'ies'}" + "".join(f"\nNote: {printable(note)}" for note in notes)
         )
 
     def _fill_steps(self, steps: list[int], names: list[str], counts: dict[int, int]) -> None:
@@ -227,13 +229,21 @@ class RunView(QWidget):
         self.steps.setMinimumWidth(min(self.steps.horizontalHeader().length() + frame, 320))  # never cut
 
     def _fill_values(self, report: Any) -> None:
-        """One row per non-tensor value, one column per step."""
+        """One row per non-tensor value, one column per step (a Hugging Face Trainer run's
+        ``trainer_state.*`` from each step's trainer_state.json among them)."""
         names = sorted(report.values)
         self.values.setColumnCount(1 + len(report.steps))
         self.values.setHorizontalHeaderLabels(["Value", *(f"step {s}" for s in report.steps)])
         self.values.setRowCount(len(names))
         for row, name in enumerate(names):
-            self.values.setItem(row, 0, _item(name))
+            logged = name.startswith("trainer_state.") and name not in (
+                "trainer_state.global_step",
+                "trainer_state.epoch",
+            )
+            tip = f"{name}: from the step's trainer_state.json" + (
+                ", the last value logged at or before the step" if logged else ""
+            )
+            self.values.setItem(row, 0, _item(name, tip if name.startswith("trainer_state.") else ""))
             for col, v in enumerate(report.values[name], 1):
                 self.values.setItem(row, col, _item("" if v is None else short_repr(v, 80), short_repr(v, 400)))
         self.lists.setTabText(2, f"Values by Step ({len(names)})")
