@@ -298,7 +298,7 @@ class MainWindow(QMainWindow):
     # -- opening -----------------------------------------------------------------------------------
     _pending_open: Location | None = None
 
-    def open_path(self, path: object, *, trust_pickle: bool = False, as_run: bool = False) -> Job:
+    def open_path(self, path: object, *, trust_pickle: bool = False, as_run: bool = False) -> None:
         """Open a local path, or a URL (a string or a RemotePath): read on a worker, which is the
         only place that may wait for the network. A local folder of checkpoints by step (or, with
         ``as_run``, refused unless it is one) opens as a run: its latest step in the tree."""
@@ -312,9 +312,8 @@ class MainWindow(QMainWindow):
             ckpt = open_checkpoint(target, trust_pickle=trust_pickle)  # a large DCP's index: in a child, meanwhile
             return ckpt, TreeIndex(ckpt.early_tree(), ckpt.chunk_count), run  # built off the GUI thread
 
-        job = self.board.start("open", work, lambda result: self._opened(*result))
+        self.board.start("open", work, lambda result: self._opened(*result))
         self._jobs_changed()
-        return job
 
     def _replace(self, ckpt: Checkpoint | None) -> None:
         """Close the checkpoint shown (``ckpt`` takes its place) and what reads it."""

@@ -252,7 +252,8 @@ class RunSession:
             then(ckpt)
             return None
         self.pending = (str(target), then)
-        return self.w.open_path(target)
+        self.w.open_path(target)
+        return self.w.board.jobs.get("open")
 
     def choose_step(self, position: int) -> None:
         """Show the step at ``position`` in the tree (the entry plotted stays selected)."""

@@ -235,6 +235,13 @@ def test_a_damaged_step_is_said_in_the_run_view_and_cancel_stops_the_analysis(
     assert window.runs.report is None
     assert view.status.text().startswith("Not analysed: ") and "past the end" in view.status.text()
     assert view.status.property("state") == "error" and view.again_button.isEnabled()
+    # a comparison on the damaged step ends in its error, said in the Compare view and in the Run view
+    window.runs.compare(1, 2, "model.layers.0.w")
+    qtbot.waitUntil(lambda: window.compare_view.focus == "model.layers.0.w", timeout=20_000)
+    finish(qtbot, window, "compare")
+    assert window.compare_view.summary.text().startswith("Not compared: ")
+    assert view.status.text().startswith("Not compared (step 20 with step 30 on model.layers.0.w): ")
+    assert view.status.property("state") == "error"
 
     real = drift_ops.drift
 
