@@ -107,6 +107,9 @@ class MainWindow(QMainWindow):
         self.runs = RunSession(self)  # its Run view (pyqtgraph) is made with the first run shown
         self.views.currentChanged.connect(lambda _: self._follow_selection())
         self.right = WorkArea(self.views, self.actions_tabs, self.settings)
+        self.views.currentChanged.connect(
+            lambda _: self.right.fold_for_page(self.runs.view is not None and self.views.currentWidget() is self.runs.view)
+        )
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setChildrenCollapsible(False)
         for pane in (self.browser, self.tree_pane, self.right):

@@ -53,7 +53,23 @@ def _open_run(qtbot: Any, window: MainWindow, root: Path | None) -> Any:
 def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: Path) -> None:
     minimum = window.minimumSizeHint()
     view = _open_run(qtbot, window, tiny_run)
-    assert window.minimumSizeHint() == minimum  # the Run view fits where the other views do
+    assert window.minimumSizeHint().width() == minimum.width()  # the Run view fits where the other views do
+    # the Convert/Load area folds while the Run view is shown (it wants the height), the user's
+    # choice unchanged, and unfolds for another view
+    assert not window.actions_tabs.isVisibleTo(window) and window.settings.actions_shown()
+    window.views.setCurrentWidget(window.details)
+    assert window.actions_tabs.isVisibleTo(window)
+    window.views.setCurrentWidget(view)
+    assert not window.actions_tabs.isVisibleTo(window)
+    window.right.toggle.setChecked(True)  # unfolded by hand: stays for every view
+    window.views.setCurrentWidget(window.details)
+    window.views.setCurrentWidget(view)
+    assert window.actions_tabs.isVisibleTo(window)
+    window.right.toggle.setChecked(False)  # folded by hand: remembered, and stays folded
+    window.views.setCurrentWidget(window.details)
+    assert not window.actions_tabs.isVisibleTo(window) and not window.settings.actions_shown()
+    window.right.toggle.setChecked(True)
+    window.views.setCurrentWidget(view)
     report = window.runs.report
     assert window.views.currentWidget() is view
     assert window.ckpt is not None and window.ckpt.path == tiny_run / "step-40"  # the latest step in the tree

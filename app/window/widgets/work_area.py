@@ -2,7 +2,9 @@
 which folds away so the views get its height, and two strips that never widen the window.
 
 The area's state is remembered between runs; folding it gives its height to the views and
-unfolding gives back the height it had. The column's minimum does not depend on the page shown or
+unfolding gives back the height it had. While the Run view is shown the area folds by itself (a run's
+plots and lists want the height; converting is about one checkpoint) and unfolds when another view is,
+unless it was shown or hidden by hand meanwhile; the remembered state is the user's, never this. The column's minimum does not depend on the page shown or
 the tensor explored, so its splitters never move by themselves.
 """
 
@@ -85,9 +87,16 @@ class WorkArea(QSplitter):
         self.button.setAutoRaise(True)
         views.setCornerWidget(self.button, Qt.Corner.TopRightCorner)
         self._height = actions.minimumSizeHint().height()
+        self._folded_for_page = False  # folded by :meth:`fold_for_page`, to unfold on leaving the page
+        self._by_hand = True  # a toggle not made by fold_for_page: remembered, and ends the above
+        self._on_page = False  # the view shown wants the height
+        self._kept_on_page = False  # unfolded by hand there: not folded for it again
         actions.setVisible(self.toggle.isChecked())
 
     def _set_shown(self, shown: bool) -> None:
+        if self._by_hand:
+            self._folded_for_page = False
+            self._kept_on_page = shown and self._on_page
         if shown == self.area.isVisibleTo(self):
             return
         if not shown:
@@ -96,7 +105,23 @@ class WorkArea(QSplitter):
         self.area.setVisible(shown)
         if shown and total > self._height:
             self.setSizes([total - self._height - self.handleWidth(), self._height])
-        self.settings.set_actions_shown(shown)
+        if self._by_hand:
+            self.settings.set_actions_shown(shown)
+
+    def fold_for_page(self, wants_height: bool) -> None:
+        """The view shown changed: fold the area for one that ``wants_height`` (the Run view) -- unless
+        it was unfolded by hand there -- and unfold it again for another if it was folded for that."""
+        self._on_page = wants_height
+        fold = wants_height and self.toggle.isChecked() and not self._kept_on_page
+        unfold = not wants_height and self._folded_for_page
+        if not (fold or unfold):
+            return
+        self._by_hand = False
+        try:
+            self.toggle.setChecked(unfold)
+        finally:
+            self._by_hand = True
+        self._folded_for_page = fold
 
     def show_actions(self) -> None:
         """Unfold the area (a conversion or a load started: its progress and outcome are there)."""
