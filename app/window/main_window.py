@@ -107,9 +107,7 @@ class MainWindow(QMainWindow):
         self.runs = RunSession(self)  # its Run view (pyqtgraph) is made with the first run shown
         self.views.currentChanged.connect(lambda _: self._follow_selection())
         self.right = WorkArea(self.views, self.actions_tabs, self.settings)
-        self.views.currentChanged.connect(
-            lambda _: self.right.fold_for_page(self.runs.view is not None and self.views.currentWidget() is self.runs.view)
-        )
+        self.views.currentChanged.connect(lambda _: self.right.fold_for_page(self._run_view_shown()))
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setChildrenCollapsible(False)
         for pane in (self.browser, self.tree_pane, self.right):
@@ -136,6 +134,9 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1400, 860)
         self._fit_screen()
+
+    def _run_view_shown(self) -> bool:
+        return self.runs.view is not None and self.views.currentWidget() is self.runs.view
 
     def _fit_screen(self) -> None:
         """Never larger than the screen (a saved size from another monitor, or an older version)."""

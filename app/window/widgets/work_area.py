@@ -2,10 +2,11 @@
 which folds away so the views get its height, and two strips that never widen the window.
 
 The area's state is remembered between runs; folding it gives its height to the views and
-unfolding gives back the height it had. While the Run view is shown the area folds by itself (a run's
-plots and lists want the height; converting is about one checkpoint) and unfolds when another view is,
-unless it was shown or hidden by hand meanwhile; the remembered state is the user's, never this. The column's minimum does not depend on the page shown or
-the tensor explored, so its splitters never move by themselves.
+unfolding gives back the height it had. While the Run view is shown the area folds by itself (a
+run's plots and lists want the height; converting is about one checkpoint) and unfolds when another
+view is, unless it was unfolded there or folded by hand meanwhile; the remembered state is only the
+user's. The column's minimum does not depend on the page shown or the tensor explored, so its
+splitters never move by themselves.
 """
 
 from __future__ import annotations
