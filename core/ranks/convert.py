@@ -20,7 +20,8 @@ Each step ends in a collective that carries every rank's error: a failure anywhe
 SIGTERM or SIGINT -- torchrun sends SIGTERM to the survivors when a rank dies -- or a rank killed
 outright, which breaks its peers' connections) makes every rank raise, and rank 0 removes the
 temporary: nothing is published and nothing is left. The destination must be a filesystem every
-rank sees (a shared one across nodes) and that takes positioned writes; object stores do not.
+rank sees (a shared one across nodes) and that takes positioned writes, or S3, where each rank
+uploads its parts of each object's multipart upload instead (:mod:`.upload`).
 """
 
 from __future__ import annotations
@@ -86,11 +87,10 @@ class _Failed(DCPStudioError):
 
 
 def refuse_remote(dst: Any) -> None:
-    if isinstance(as_location(dst), RemotePath):
-        raise DCPStudioError(
-            f"{dst}: a distributed conversion writes each rank's bytes into pre-sized files at their offsets, which "
-            "an object store cannot take (no positioned writes); write to a shared filesystem, or convert on one rank"
-        )
+    """A remote destination other than S3 is refused (S3: multipart uploads, :mod:`.upload`)."""
+    from .upload import refuse_store
+
+    refuse_store(dst)
 
 
 def _agree(error: str | None, value: Any) -> list[Any]:
@@ -147,7 +147,13 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets:
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
     refuse_remote(dst)
-    return _plan(src, dst, options, Recorder().writers(), assets=False)
+    recorder = Recorder()
+    result = _plan(src, dst, options, recorder.writers(), assets=False)
+    if isinstance(as_location(dst), RemotePath):
+        from .upload import check_upload
+
+        check_upload(recorder)
+    return result
 
 
 def convert_on_ranks(
@@ -198,6 +204,10 @@ def _write(
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if isinstance(recorder.args[0], RemotePath):  # S3: each rank uploads its parts of each object
+        from .upload import upload_on_ranks
+
+        return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started))
     kill = os.environ.get(KILL_VARIABLE)
     with ExitStack() as stack:
         error: str | None = None
