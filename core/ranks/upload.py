@@ -32,55 +32,30 @@ data file's SHA-256 over bytes no rank holds whole: it is refused too (``--no-ma
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import secrets
-import shutil
 import tempfile
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from ..errors import DCPStudioError
 from ..io.atomic import atomic_output
 from ..io.files import SAVE_ID_VARIABLE, create_file, sync_file
 from ..io.pipeline import prefetch
-from ..io.raw import FileRange
 from ..io.remote.calls import on_loop, retried
 from ..io.remote.fs import backend
 from ..io.remote.locations import RemotePath, as_location
-from ..ops.convert.layout import GRAIN, Layout, Recorder, _read, _Source, combine_crcs, lay_out
+from ..ops.convert.layout import Layout, Recorder, combine_crcs
 from ..progress import CancelToken, Progress, ProgressCallback
+from .parts import Part, PartBuilder, Segments, laid_out, late_parts, plan_parts, uploaded
 
-__all__ = ["MIN_PART", "Part", "check_upload", "plan_parts", "refuse_store", "upload_on_ranks"]
+__all__ = ["check_upload", "refuse_store", "upload_on_ranks"]
 
-MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last is at least this large
-MAX_PART = 64 << 20  # parts are at most this large (memory: about three per rank) ...
-MAX_PARTS = 10_000  # ... unless an object needs larger ones to stay within S3's count of parts
-PARTS_PER_RANK = 8  # parts small enough for each rank to get about this many: the balance
-_CRC_PROBE = 0xFFFFFFFF  # the CRC-32 the second layout is given: every byte of a CRC field changes
 _LAST = (".metadata", "model.safetensors.index.json")  # published last
-
-
-@dataclass(frozen=True)
-class Part:
-    """Bytes ``[start, end)`` of the output file ``file``: part ``number`` (from 1) of its upload,
-    built and uploaded by ``rank``."""
-
-    file: str
-    number: int
-    start: int
-    end: int
-    rank: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
 
 
 def refuse_store(dst: Any) -> None:
@@ -113,157 +88,6 @@ def check_upload(recorder: Recorder) -> Recorder:
     return replace(recorder, kwargs={**recorder.kwargs, "manifest": False})
 
 
-def _part_size(layout: Layout, files: list[str], world: int) -> int:
-    total = sum(layout.files[f] for f in files)
-    size = min(MAX_PART, max(MIN_PART, -(-total // (world * PARTS_PER_RANK))))
-    largest = max((layout.files[f] for f in files), default=0)
-    size = max(size, -(-largest // MAX_PARTS))
-    return -(-size // (1 << 20)) << 20  # whole MiB
-
-
-def plan_parts(layout: Layout, world: int) -> list[Part]:
-    """Every uploaded object's parts, the same on every rank: the files holding tensor bytes, each
-    cut into parts of one size (the last shorter), and the parts, in order over the files, split
-    between the ranks in contiguous runs of about equal bytes (each part to the rank whose share
-    holds its middle byte)."""
-    files = _uploaded(layout)
-    size = _part_size(layout, files, world)
-    cuts = [(f, k + 1, a, min(layout.files[f], a + size)) for f in files for k, a in enumerate(range(0, layout.files[f], size))]
-    total = sum(b - a for _, _, a, b in cuts)
-    parts, before = [], 0
-    for f, number, a, b in cuts:
-        middle = before + (b - a) // 2
-        parts.append(Part(f, number, a, b, min(world - 1, middle * world // max(1, total))))
-        before += b - a
-    return parts
-
-
-def _uploaded(layout: Layout) -> list[str]:
-    """The files uploaded in parts: those holding tensor bytes (the others are small, written whole)."""
-    return sorted({h[0] for h in layout.holes if h[2]} & {f for f, n in layout.files.items() if n})
-
-
-def _segments(layout: Layout, root: Path) -> dict[str, list[tuple[int, bytes]]]:
-    """What the writer wrote at ``root`` outside the holes: per file, ``(offset, bytes)`` in order."""
-    gaps: dict[str, list[tuple[int, int]]] = {}
-    for name, offset, n, _ in layout.holes:
-        gaps.setdefault(name, []).append((offset, offset + n))
-    out: dict[str, list[tuple[int, bytes]]] = {}
-    for name, size in layout.files.items():
-        keep, pos = [], 0
-        for a, b in sorted(gaps.get(name, [])):
-            if a > pos:
-                keep.append((pos, a))
-            pos = max(pos, b)
-        if pos < size:
-            keep.append((pos, size))
-        with open(root / name if name else root, "rb") as f:
-            out[name] = [(a, os.pread(f.fileno(), b - a, a)) for a, b in keep]
-        if any(len(data) != b - a for (a, b), (_, data) in zip(keep, out[name], strict=True)):
-            raise DCPStudioError(f"internal error: {name or 'the output'} laid out short")
-    return out
-
-
-def _laid_out(recorder: Recorder, crcs: list[int] | None) -> tuple[Layout, dict[str, list[tuple[int, bytes]]]]:
-    """The output laid out in a scratch folder (removed at once) and the bytes it holds outside the holes."""
-    from .convert import _SCRATCH
-
-    scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
-    try:
-        at = scratch / recorder.args[0].name  # the name: a torch.save archive holds it
-        layout = lay_out(recorder, at, crcs)
-        return layout, _segments(layout, at)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _late(layout: Layout, parts: list[Part], first: dict[str, list[tuple[int, bytes]]], recorder: Recorder) -> set[int]:
-    """The parts (indices) holding bytes that change with the CRC-32s: laid out again with other
-    CRCs, the bytes outside the holes compared."""
-    if not layout.crc:
-        return set()
-    import numpy as np
-
-    _, probe = _laid_out(recorder, [_CRC_PROBE] * len(layout.holes))
-    starts: dict[str, list[int]] = {}
-    indices: dict[str, list[int]] = {}
-    for i, p in enumerate(parts):
-        starts.setdefault(p.file, []).append(p.start)
-        indices.setdefault(p.file, []).append(i)
-    late: set[int] = set()
-    for name, segs in first.items():
-        if name not in starts:
-            continue
-        for (a, one), (_, two) in zip(segs, probe[name], strict=True):
-            if one == two:
-                continue
-            changed = np.flatnonzero(np.frombuffer(one, np.uint8) != np.frombuffer(two, np.uint8)) + a
-            for k in np.unique(np.searchsorted(starts[name], changed, side="right") - 1):
-                late.add(indices[name][int(k)])
-    return late
-
-
-class _Builder:
-    """A part's bytes: the layout's outside the holes, the tensors' ranges computed from the source."""
-
-    def __init__(self, layout: Layout, segments: dict[str, list[tuple[int, bytes]]]) -> None:
-        self.layout = layout
-        self.segments = segments
-        self.source = _Source()
-        self.holes: dict[str, list[tuple[int, int, int]]] = {}  # file -> (offset, end, hole) in order
-        for h, (name, offset, n, _) in enumerate(layout.holes):
-            if n:
-                self.holes.setdefault(name, []).append((offset, offset + n, h))
-        for spans in self.holes.values():
-            spans.sort()
-
-    def overlay(self, part: Part, view: memoryview, segments: dict[str, list[tuple[int, bytes]]]) -> None:
-        segs = segments.get(part.file, [])
-        k = max(0, bisect.bisect_right([a for a, _ in segs], part.start) - 1)
-        for a, data in segs[k:]:
-            if a >= part.end:
-                break
-            lo, hi = max(a, part.start), min(a + len(data), part.end)
-            if lo < hi:
-                view[lo - part.start : hi - part.start] = data[lo - a : hi - a]
-
-    def build(self, part: Part, check: Callable[[], None]) -> tuple[bytearray, list[tuple[int, int, int]]]:
-        """The part's bytes, and ``(hole, start, crc)`` for each tensor range in it."""
-        buf = bytearray(part.nbytes)
-        view = memoryview(buf)
-        self.overlay(part, view, self.segments)
-        crcs = []
-        spans = self.holes.get(part.file, [])
-        k = max(0, bisect.bisect_right([s[0] for s in spans], part.start) - 1)
-        for offset, end, h in spans[k:]:
-            if offset >= part.end:
-                break
-            lo, hi = max(offset, part.start), min(end, part.end)
-            if lo >= hi:
-                continue
-            crc = 0
-            for s in range(lo - offset, hi - offset, GRAIN):
-                check()
-                e = min(hi - offset, s + GRAIN)
-                data = self._range(h, s, e)
-                view[offset + s - part.start : offset + e - part.start] = data
-                if self.layout.crc:
-                    crc = zlib.crc32(data, crc)
-            crcs.append((h, lo - offset, crc))
-        return buf, crcs
-
-    def _range(self, h: int, s: int, e: int) -> memoryview:
-        """Bytes ``[s, e)`` of tensor ``h`` (computed on element boundaries: a part may cut an element)."""
-        t, unit = self.layout.sources[h], self.layout.holes[h][3]
-        a, b = s // unit * unit, min(self.layout.holes[h][2], -(-e // unit) * unit)
-        data = self.source.bytes(t, a, b)
-        if isinstance(data, FileRange):
-            data = _read(data)
-        if data.nbytes != b - a:
-            raise DCPStudioError(f"tensor {h}: {data.nbytes} bytes computed, {b - a} expected")
-        return data[s - a : e - a]
-
-
 class _Store:
     """The S3 calls of a multipart upload, each retried and bounded as every remote call is."""
 
@@ -274,7 +98,9 @@ class _Store:
     def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
         fs = self.fs
         extra = getattr(fs, "s3_additional_kwargs", {}) or {}  # what one process's uploads carry (SSE, ACL)
-        return retried(self.where.url, doing, lambda clock: on_loop(fs.loop, fs._call_s3(method, extra, **kwargs), clock))
+        return retried(
+            self.where.url, doing, lambda clock: on_loop(fs.loop, fs._call_s3(method, extra, **kwargs), clock)
+        )
 
     def key(self, name: str) -> tuple[str, str]:
         bucket, key, _ = self.fs.split_path(self.object(name).path)
@@ -296,7 +122,12 @@ class _Store:
         bucket, key = self.key(name)
         parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(etags)]
         self._call(
-            "write", "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+            "write",
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": parts},
         )
         self.object(name).forget()
 
@@ -337,9 +168,9 @@ def upload_on_ranks(
         error = digest = None
         try:
             recorder = check_upload(recorder)
-            layout, segments = _laid_out(recorder, None)
+            layout, segments = laid_out(recorder, None)
             parts = plan_parts(layout, dist.get_world_size())
-            late = _late(layout, parts, segments, recorder)
+            late = late_parts(layout, parts, segments, recorder)
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
@@ -353,7 +184,7 @@ def upload_on_ranks(
             try:
                 where = stack.enter_context(atomic_output(recorder.args[0], overwrite=recorder.overwrite))
                 store = _Store(where)
-                for name in _uploaded(layout):
+                for name in uploaded(layout):
                     uploads[name] = store.start(name)
             except Exception as e:
                 error = _message(e)
@@ -362,7 +193,9 @@ def upload_on_ranks(
         url, uploads = _agree(error, (where.url if where is not None else None, uploads))[0]
         store = store or _Store(RemotePath(url))
         try:
-            share = _upload(layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, kill=KILL_VARIABLE)
+            share = _upload(
+                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, kill=KILL_VARIABLE
+            )
             if rank == 0:
                 stack.close()  # a folder replacing another is copied into place from its temporary prefix
         except BaseException:
@@ -373,7 +206,7 @@ def upload_on_ranks(
 
 def _upload(
     layout: Layout,
-    segments: dict[str, list[tuple[int, bytes]]],
+    segments: Segments,
     parts: list[Part],
     mine: list[int],
     late: set[int],
@@ -394,7 +227,7 @@ def _upload(
 
     rank = dist.get_rank()
     share = sum(parts[i].nbytes for i in mine)
-    builder = _Builder(layout, segments)
+    builder = PartBuilder(layout, segments)
     killer = os.environ.get(kill)
     done = 0
 
@@ -433,7 +266,7 @@ def _upload(
         final = segments
         try:
             if layout.crc and (kept or rank == 0):
-                laid, final = _laid_out(recorder, combine_crcs(layout, everyone))
+                laid, final = laid_out(recorder, combine_crcs(layout, everyone))
                 if laid.digest() != layout.digest():
                     raise DCPStudioError("internal error: the output laid out again differs")
             spill.flush()
@@ -458,8 +291,8 @@ def _upload(
             whole = sorted(set(layout.files) - set(uploads), key=lambda n: (n.rsplit("/", 1)[-1] in _LAST, n))
             for name in whole:
                 with create_file(store.object(name)) as f:
-                    for _, data in final[name]:
-                        f.write(data)
+                    for _, chunk in final[name]:
+                        f.write(chunk)
                     sync_file(f)
         except Exception as e:
             error = _message(e)

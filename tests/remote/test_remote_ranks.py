@@ -94,13 +94,13 @@ def test_a_rank_failing_midway_leaves_nothing_in_s3(
     s3.invalidate_cache()
     assert not s3.exists(url.removeprefix("s3://")) and _pending(s3_client, bucket) == []
 
-    s3.pipe_file(f"{bucket}/out.pt", open(source, "rb").read())  # replaced with --overwrite, or kept
+    s3.pipe_file(f"{bucket}/out.pt", source.read_bytes())  # replaced with --overwrite, or kept
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     s3_server.fail_upload_part(1, times=None)
     with pytest.raises(LaunchError, match="cannot write"):
         run_convert(source, f"s3://{bucket}/out.pt", ranks=2, timeout=120, overwrite=True, to="torch")
     s3.invalidate_cache()
-    assert s3.cat_file(f"{bucket}/out.pt") == open(source, "rb").read()
+    assert s3.cat_file(f"{bucket}/out.pt") == source.read_bytes()
     assert s3_client.list_objects_v2(Bucket=bucket)["KeyCount"] == 1 and _pending(s3_client, bucket) == []
 
 
