@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import DCPStudioError
 from ..io.raw import FileRange
 from ..ops.convert.layout import GRAIN, Layout, Recorder, _read, _Source, lay_out
+from ..ops.convert.replay import Replay
 
 __all__ = [
     "MAX_PART",
@@ -121,14 +122,15 @@ def segments_of(layout: Layout, root: Path) -> Segments:
     return out
 
 
-def laid_out(recorder: Recorder, crcs: list[int] | None) -> tuple[Layout, Segments]:
-    """The output laid out in a scratch folder (removed at once) and the bytes it holds outside the holes."""
+def laid_out(recorder: Recorder, crcs: list[int] | None, replay: Replay | None = None) -> tuple[Layout, Segments]:
+    """The output laid out in a scratch folder (removed at once) and the bytes it holds outside the
+    holes; ``crcs``, ``replay``: as for :func:`~..ops.convert.layout.lay_out`."""
     from .convert import _SCRATCH
 
     scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
     try:
         at = scratch / recorder.args[0].name  # the name: a torch.save archive holds it
-        layout = lay_out(recorder, at, crcs)
+        layout = lay_out(recorder, at, crcs, replay)
         return layout, segments_of(layout, at)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

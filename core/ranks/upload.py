@@ -73,15 +73,9 @@ def refuse_store(dst: Any) -> None:
 
 
 def check_upload(recorder: Recorder) -> Recorder:
-    """The recorded output as it is uploaded: without a manifest (one process uploads none for a
-    torch.save or safetensors file: it would need a second pass), and a DCP one refused."""
+    """The recorded output as it is uploaded: a torch.save or safetensors file without a manifest
+    (one process uploads none: its header or directory goes out before the bytes it would describe)."""
     if recorder.kind == "dcp":
-        if recorder.kwargs.get("manifest", True):
-            raise DCPStudioError(
-                f"{recorder.args[0]}: a DCP checkpoint uploaded by many ranks cannot carry its manifest (each data "
-                "file's SHA-256 needs bytes no one rank holds); pass --no-manifest (`hash --manifest` adds one later), "
-                "or convert on one rank"
-            )
         return recorder
     if recorder.kind == "torch" and len(recorder.args) > 7:  # positional: (dst, overwrite, obj, ..., manifest)
         return replace(recorder, args=(*recorder.args[:7], False, *recorder.args[8:]))
@@ -261,12 +255,13 @@ def _upload(
         except Exception as e:
             error = _message(e)
         everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
+        crcs_all = combine_crcs(layout, everyone) if layout.crc else None
 
         error = None
         final = segments
         try:
             if layout.crc and (kept or rank == 0):
-                laid, final = laid_out(recorder, combine_crcs(layout, everyone))
+                laid, final = laid_out(recorder, crcs_all)
                 if laid.digest() != layout.digest():
                     raise DCPStudioError("internal error: the output laid out again differs")
             spill.flush()
@@ -280,6 +275,7 @@ def _upload(
             error = _message(e)
     gathered = _agree(error, etags)
 
+    hashed = {name for name, _, _ in layout.spans}  # a manifest's files: uploaded whole, then read back
     error = None
     if rank == 0:
         try:
@@ -288,13 +284,37 @@ def _upload(
                 by_file.setdefault(name, []).append((number, etag))
             for name in sorted(uploads):
                 store.complete(name, uploads[name], by_file.get(name, []))
-            whole = sorted(set(layout.files) - set(uploads), key=lambda n: (n.rsplit("/", 1)[-1] in _LAST, n))
-            for name in whole:
-                with create_file(store.object(name)) as f:
-                    for _, chunk in final[name]:
-                        f.write(chunk)
-                    sync_file(f)
+            _write_whole(store, sorted(hashed - set(uploads)), final)
+        except Exception as e:
+            error = _message(e)
+    _agree(error, None)
+
+    if layout.spans:  # each rank reads back its share of the tensors' pieces and of the files (from the store)
+        from ..ops.convert.replay import Replay
+        from .convert import _read_back
+
+        digests, shas = _read_back(layout, store.where, True, list(range(len(layout.spans))), check)  # type: ignore[arg-type]
+        if rank == 0:
+            try:
+                replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
+                laid, final = laid_out(recorder, crcs_all, replay)
+                if laid.digest(sizes=False) != layout.digest(sizes=False):
+                    raise DCPStudioError("internal error: the output laid out again differs")
+            except Exception as e:
+                error = _message(e)
+    if rank == 0 and error is None:
+        try:
+            _write_whole(store, sorted(set(layout.files) - set(uploads) - hashed), final)
         except Exception as e:
             error = _message(e)
     _agree(error, None)
     return share
+
+
+def _write_whole(store: _Store, names: list[str], segments: Segments) -> None:
+    """Upload the files ``names`` whole (they hold no tensor bytes), ``.metadata`` or the index last."""
+    for name in sorted(names, key=lambda n: (n.rsplit("/", 1)[-1] in _LAST, n)):
+        with create_file(store.object(name)) as f:
+            for _, chunk in segments[name]:
+                f.write(chunk)
+            sync_file(f)
