@@ -37,7 +37,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
@@ -154,7 +154,7 @@ def upload_on_ranks(
     parts, and the seconds since ``started``."""
     import torch.distributed as dist
 
-    from .convert import KILL_VARIABLE, _agree, _message
+    from .convert import _agree, _message
 
     rank = dist.get_rank()
     seed = _agree(None, os.environ.get(SAVE_ID_VARIABLE) or secrets.token_hex(16))[0]
@@ -188,10 +188,8 @@ def upload_on_ranks(
         store = store or _Store(RemotePath(url))
         try:
             share = _upload(
-                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, kill=KILL_VARIABLE
+                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close
             )
-            if rank == 0:
-                stack.close()  # a folder replacing another is copied into place from its temporary prefix
         except BaseException:
             store.abort(uploads)  # every rank: a rank 0 that died aborts nothing
             raise
@@ -209,20 +207,21 @@ def _upload(
     uploads: dict[str, str],
     progress: ProgressCallback | None,
     cancel: CancelToken | None,
-    kill: str,
+    publish: Callable[[], None],
 ) -> int:
     """Build and upload this rank's parts (those that hold CRC fields after the CRC exchange);
-    rank 0 completes every upload and writes the other files. Returns this rank's bytes."""
+    rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
+    another is copied into place from its temporary prefix). Returns this rank's bytes."""
     import signal
 
     import torch.distributed as dist
 
-    from .convert import _agree, _message
+    from .convert import KILL_VARIABLE, _agree, _message
 
     rank = dist.get_rank()
     share = sum(parts[i].nbytes for i in mine)
     builder = PartBuilder(layout, segments)
-    killer = os.environ.get(kill)
+    killer = os.environ.get(KILL_VARIABLE)
     done = 0
 
     def advance(n: int) -> None:
@@ -305,6 +304,7 @@ def _upload(
     if rank == 0 and error is None:
         try:
             _write_whole(store, sorted(set(layout.files) - set(uploads) - hashed), final)
+            publish()
         except Exception as e:
             error = _message(e)
     _agree(error, None)
