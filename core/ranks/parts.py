@@ -26,6 +26,7 @@ from ..errors import DCPStudioError
 from ..io.raw import FileRange
 from ..ops.convert.layout import GRAIN, Layout, Recorder, _read, _Source, lay_out
 from ..ops.convert.replay import Replay
+from .collective import SCRATCH
 
 __all__ = [
     "MAX_PART",
@@ -125,9 +126,7 @@ def segments_of(layout: Layout, root: Path) -> Segments:
 def laid_out(recorder: Recorder, crcs: list[int] | None, replay: Replay | None = None) -> tuple[Layout, Segments]:
     """The output laid out in a scratch folder (removed at once) and the bytes it holds outside the
     holes; ``crcs``, ``replay``: as for :func:`~..ops.convert.layout.lay_out`."""
-    from .convert import _SCRATCH
-
-    scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=_SCRATCH))
+    scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=SCRATCH))
     try:
         at = scratch / recorder.args[0].name  # the name: a torch.save archive holds it
         layout = lay_out(recorder, at, crcs, replay)

@@ -51,6 +51,9 @@ from ..io.remote.fs import backend
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.layout import Layout, Recorder, combine_crcs
 from ..progress import CancelToken, Progress, ProgressCallback
+from .collective import KILL_VARIABLE
+from .collective import agree as _agree
+from .collective import message as _message
 from .parts import Part, PartBuilder, Segments, laid_out, late_parts, plan_parts, uploaded
 
 __all__ = ["check_upload", "refuse_store", "upload_on_ranks"]
@@ -147,14 +150,22 @@ def _seeded(seed: str) -> Iterator[None]:
             os.environ[SAVE_ID_VARIABLE] = before
 
 
+ReadBack = Callable[..., tuple[list[list[Any]], dict[int, str]]]
+"""How the ranks read a manifest's pieces and files back (:func:`~.convert._read_back`, given an
+output root that may be a :class:`RemotePath`): each tensor's piece digests, each span's SHA-256."""
+
+
 def upload_on_ranks(
-    recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float
+    recorder: Recorder,
+    progress: ProgressCallback | None,
+    cancel: CancelToken | None,
+    started: float,
+    read_back: ReadBack,
 ) -> tuple[int, int, float]:
     """This rank's part of uploading the recorded output (every rank calls it): its bytes, its
-    parts, and the seconds since ``started``."""
+    parts, and the seconds since ``started``. ``read_back``: how the ranks share a manifest's
+    read-back (the one the shared-filesystem conversion runs)."""
     import torch.distributed as dist
-
-    from .convert import _agree, _message
 
     rank = dist.get_rank()
     seed = _agree(None, os.environ.get(SAVE_ID_VARIABLE) or secrets.token_hex(16))[0]
@@ -188,7 +199,7 @@ def upload_on_ranks(
         store = store or _Store(RemotePath(url))
         try:
             share = _upload(
-                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close
+                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close, read_back
             )
         except BaseException:
             store.abort(uploads)  # every rank: a rank 0 that died aborts nothing
@@ -208,6 +219,7 @@ def _upload(
     progress: ProgressCallback | None,
     cancel: CancelToken | None,
     publish: Callable[[], None],
+    read_back: ReadBack,
 ) -> int:
     """Build and upload this rank's parts (those that hold CRC fields after the CRC exchange);
     rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
@@ -215,8 +227,6 @@ def _upload(
     import signal
 
     import torch.distributed as dist
-
-    from .convert import KILL_VARIABLE, _agree, _message
 
     rank = dist.get_rank()
     share = sum(parts[i].nbytes for i in mine)
@@ -290,9 +300,8 @@ def _upload(
 
     if layout.spans:  # each rank reads back its share of the tensors' pieces and of the files (from the store)
         from ..ops.convert.replay import Replay
-        from .convert import _read_back
 
-        digests, shas = _read_back(layout, store.where, True, list(range(len(layout.spans))), check)  # type: ignore[arg-type]
+        digests, shas = read_back(layout, store.where, True, list(range(len(layout.spans))), check)
         if rank == 0:
             try:
                 replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])

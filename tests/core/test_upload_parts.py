@@ -3,6 +3,8 @@ rules (every part but an object's last at least 5 MiB, at most 10,000 parts) and
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from dcpstudio.core.ops.convert.layout import Layout
@@ -32,7 +34,7 @@ def test_parts_follow_s3s_rules_and_balance_the_ranks(world: int) -> None:
             mine = [p for p in parts if p.file == name]
             assert [p.number for p in mine] == list(range(1, len(mine) + 1)) and len(mine) <= MAX_PARTS
             assert mine[0].start == 0 and mine[-1].end == size
-            assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
+            assert all(a.end == b.start for a, b in itertools.pairwise(mine))
             assert all(p.nbytes >= MIN_PART for p in mine[:-1]), name
         assert [p.rank for p in parts] == sorted(p.rank for p in parts)  # contiguous runs
         shares = [sum(p.nbytes for p in parts if p.rank == r) for r in range(world)]
