@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CancelledError, DCPStudioError
-from ..io.remote.locations import RemotePath, as_location
+from ..io.remote.locations import RemotePath
 from ..ops.convert.convert import convert
 from ..ops.convert.layout import (
     Layout,
@@ -127,13 +127,7 @@ def _plan(src: Any, dst: str, options: dict[str, Any], writers: Writers, assets:
 def check_plan(src: Any, dst: Any, options: dict[str, Any]) -> ConversionResult:
     """Everything a conversion refuses, refused here, writing nothing (before ranks start)."""
     refuse_remote(dst)
-    recorder = Recorder()
-    result = _plan(src, dst, options, recorder.writers(), assets=False)
-    if isinstance(as_location(dst), RemotePath):
-        from .upload import check_upload
-
-        check_upload(recorder)
-    return result
+    return _plan(src, dst, options, Recorder().writers(), assets=False)
 
 
 def convert_on_ranks(

@@ -2,32 +2,35 @@
 the ranks that hold them, the same bytes as one process uploads.
 
 An object store takes no positioned writes, but S3 takes the parts of one multipart upload from
-any number of writers: every part but the last of at least :data:`MIN_PART` bytes, numbered, put
-together in number order when the upload is completed. So every rank lays the output out (as for a
-shared filesystem: :func:`~..ops.convert.layout.lay_out`), and all cut each object the same way
-into parts (:func:`plan_parts`); the parts, in order over all objects, are split between the ranks
-by bytes at part granularity. Rank 0 starts one multipart upload per object that holds tensor
-bytes and hands every rank the upload ids; each rank builds its parts -- the layout's headers,
-pickles and directories with its tensor ranges computed from the source -- and uploads them.
+any number of writers: every part but the last of at least :data:`~.parts.MIN_PART` bytes,
+numbered, put together in number order when the upload is completed. So every rank lays the output
+out (as for a shared filesystem: :func:`~..ops.convert.layout.lay_out`), and all cut each object the
+same way into parts (:func:`~.parts.plan_parts`); the parts, in order over all objects, are split
+between the ranks by bytes at part granularity. Rank 0 starts one multipart upload per object that
+holds tensor bytes and hands every rank the upload ids; each rank builds its parts -- the layout's
+headers, pickles and directories with its tensor ranges computed from the source -- and uploads them.
 
 A ZIP record (torch.save, DCP) holds the CRC-32 of its bytes in its local header and in the
 directory, known only once every rank has computed its ranges: a part that holds such a field
-(found by laying the output out a second time with other CRCs and comparing) is kept in a spill
-file of the rank's temporary folder (unlinked at once: a rank killed leaves nothing there) until
-the ranks have exchanged their CRCs; then every rank lays the output out with the final CRCs,
-patches its kept parts and uploads them. A safetensors header depends on the layout only: its
-parts go up at once. The random save ids (``.data/serialization_id``, DCP's ``save_id``) are drawn
-once by rank 0 and shared (``$DCPSTUDIO_SAVE_ID``'s derivation), so every rank's layout has the same
-bytes.
+(:func:`~.parts.late_parts`) is kept in a spill file in the temporary folder (unlinked at once: a
+rank killed leaves nothing there) until the ranks have exchanged their CRCs; then the rank lays the
+output out with the final CRCs, patches its kept parts and uploads them. A safetensors header
+depends on the layout only: its parts go up at once. The random save ids (``.data/serialization_id``,
+DCP's ``save_id``) are derived from one seed rank 0 draws (as from ``$DCPSTUDIO_SAVE_ID``, which is
+used when set), so every rank's layout has the same bytes.
 
-Rank 0 completes the uploads once every rank's parts are in -- last, as the single-process writer
-closes its uploads -- then writes the objects without tensor bytes, ``.metadata`` or the index
+Rank 0 completes the uploads once every rank's parts are in -- as the single-process writer closes
+its uploads at the end -- then writes the objects without tensor bytes, ``.metadata`` or the index
 last (a folder that replaces another goes through a temporary prefix, as one process writes it:
-:func:`~..io.atomic.atomic_output`). A failure anywhere aborts every upload (every rank aborts them
-all, so a rank 0 that dies is covered by its peers) and removes what was published: nothing is left,
-no object and no pending upload. Other stores (GCS, Azure, HTTP, the Hub) take no parts from many
-writers here: a destination there is refused, naming the limitation. A DCP's manifest needs each
-data file's SHA-256 over bytes no rank holds whole: it is refused too (``--no-manifest``).
+:func:`~..io.atomic.atomic_output`). A DCP's manifest (one process uploads one, hashing as it
+writes) needs each data file's SHA-256, over bytes no rank holds whole: once the data objects are
+complete, the ranks read them back from the store, each its share of the tensors' pieces and of the
+files (the read-back of the shared-filesystem conversion), and rank 0 lays the manifest out from
+their digests. A torch.save or safetensors object carries none (one process uploads none: its
+header goes out before the bytes it would describe). A failure anywhere aborts every upload (every
+rank aborts them all, so a rank 0 that dies is covered by its peers) and removes what was
+published: no object is left, and no pending upload. Other stores (GCS, Azure, HTTP, the Hub) take
+no parts of one object from many writers here: a destination there is refused, naming the limitation.
 """
 
 from __future__ import annotations
@@ -299,6 +302,7 @@ def _upload(
     _agree(error, None)
 
     if layout.spans:  # each rank reads back its share of the tensors' pieces and of the files (from the store)
+        store.fs.invalidate_cache(store.where.path)  # listings cached while planning know none of them
         from ..ops.convert.replay import Replay
 
         digests, shas = read_back(layout, store.where, True, list(range(len(layout.spans))), check)

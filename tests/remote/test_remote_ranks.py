@@ -60,20 +60,22 @@ def test_ranks_upload_the_single_process_bytes_to_s3(
 ) -> None:
     monkeypatch.setenv("DCPSTUDIO_SAVE_ID", "s3")
     warnings.simplefilter("ignore")
+    s3.pipe_file(f"{bucket}/src/src.pt", source.read_bytes())
     for name, options in CASES:
+        src = f"s3://{bucket}/src/src.pt" if name == "out_dcp" else source  # S3 to S3: each rank reads its ranges
         url = f"s3://{bucket}/{name}"
-        convert(source, url, **options)
+        convert(src, url, **options)
         one = _objects(s3, url)
         s3.rm(url.removeprefix("s3://"), recursive=True)
         s3.invalidate_cache()
-        _, shares = run_convert(source, url, ranks=2, timeout=120, **options)
+        _, shares = run_convert(src, url, ranks=2, timeout=120, **options)
         assert all(s.nbytes and s.pieces for s in shares), (name, shares)  # both ranks uploaded parts
         s3.invalidate_cache()
         many = _objects(s3, url)
         assert sorted(many) == sorted(one) and ("/dcpstudio-manifest.json" in one) == (name == "out_dcp"), name
         assert all(many[k] == one[k] for k in one), name
         assert _pending(s3_client, bucket) == []
-    assert s3_client.list_objects_v2(Bucket=bucket)["KeyCount"] == sum(
+    assert s3_client.list_objects_v2(Bucket=bucket)["KeyCount"] == 1 + sum(
         len(_objects(s3, f"s3://{bucket}/{n}")) for n, _ in CASES
     )
     got = torch.load(__import__("io").BytesIO(s3.cat_file(f"{bucket}/out.pt")), weights_only=True)
