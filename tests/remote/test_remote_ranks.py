@@ -85,16 +85,17 @@ def test_ranks_upload_the_single_process_bytes_to_s3(
 def test_a_rank_failing_midway_leaves_nothing_in_s3(
     source: Path, bucket: str, s3: Any, s3_client: Any, s3_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rank 1 killed after its first part (rank 0 aborts every upload), and a rank whose upload
+    """A rank killed after its first part (the other aborts every upload), and a rank whose upload
     fails (an error; every rank aborts): no object, no pending upload; a replaced checkpoint stays."""
     warnings.simplefilter("ignore")
     url = f"s3://{bucket}/shards"
-    monkeypatch.setenv(KILL_VARIABLE, "1")
-    with pytest.raises(LaunchError, match="rank 1 was killed"):
-        run_convert(source, url, ranks=2, timeout=120, **CASES[1][1])
+    for killed in (1, 0):  # rank 0 started the uploads; killed, rank 1 aborts them
+        monkeypatch.setenv(KILL_VARIABLE, str(killed))
+        with pytest.raises(LaunchError, match=f"rank {killed} was killed"):
+            run_convert(source, url, ranks=2, timeout=120, **CASES[1][1])
+        s3.invalidate_cache()
+        assert not s3.exists(url.removeprefix("s3://")) and _pending(s3_client, bucket) == []
     monkeypatch.delenv(KILL_VARIABLE)
-    s3.invalidate_cache()
-    assert not s3.exists(url.removeprefix("s3://")) and _pending(s3_client, bucket) == []
 
     s3.pipe_file(f"{bucket}/out.pt", source.read_bytes())  # replaced with --overwrite, or kept
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
