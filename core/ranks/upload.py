@@ -94,6 +94,7 @@ class _Store:
     def __init__(self, where: RemotePath) -> None:
         self.where = where
         self.fs = where.fs
+        self.published = False  # every rank knows the output is in place
 
     def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
         fs = self.fs
@@ -130,6 +131,13 @@ class _Store:
             MultipartUpload={"Parts": parts},
         )
         self.object(name).forget()
+
+    def remove(self, names: list[str]) -> None:
+        """Remove the output's objects ``names`` (quietly: they may not exist). Only this output's
+        objects are named: its folder did not exist, or it is a temporary prefix of its own."""
+        for name in names:
+            with contextlib.suppress(Exception):
+                self.object(name).unlink(missing_ok=True)
 
     def abort(self, uploads: dict[str, str]) -> None:
         """Abort the uploads (quietly: another rank may have aborted them already)."""
@@ -205,7 +213,9 @@ def upload_on_ranks(
                 layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close, read_back
             )
         except BaseException:
-            store.abort(uploads)  # every rank: a rank 0 that died aborts nothing
+            store.abort(uploads)  # every rank: a rank 0 that died aborts nothing ...
+            if rank != 0 and not store.published:  # ... nor removes the objects it completed
+                store.remove(sorted(layout.files))
             raise
     return share, len(mine), time.monotonic() - started
 
@@ -321,6 +331,7 @@ def _upload(
         except Exception as e:
             error = _message(e)
     _agree(error, None)
+    store.published = True
     return share
 
 
