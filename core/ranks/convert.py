@@ -57,11 +57,6 @@ from ..ops.convert.layout import (
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
 from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, span_digests
 from ..progress import CancelToken, Progress, ProgressCallback
-from .collective import KILL_VARIABLE
-from .collective import SCRATCH as _SCRATCH
-from .collective import Failed as _Failed
-from .collective import agree as _agree
-from .collective import message as _message
 
 __all__ = [
     "KILL_VARIABLE",
@@ -72,6 +67,9 @@ __all__ = [
     "refuse_remote",
     "run_convert",
 ]
+
+KILL_VARIABLE = "DCPSTUDIO_TEST_KILL_RANK"  # fault injection: that rank kills itself after its first block
+_SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 @dataclass(frozen=True)
@@ -84,11 +82,33 @@ class RankShare:
     seconds: float
 
 
+class _Failed(DCPStudioError):
+    """A peer's error, raised on every rank after a collective that carried it."""
+
+
 def refuse_remote(dst: Any) -> None:
     """A remote destination other than S3 is refused (S3: multipart uploads, :mod:`.upload`)."""
     from .upload import refuse_store
 
     refuse_store(dst)
+
+
+def _agree(error: str | None, value: Any) -> list[Any]:
+    """Every rank's ``value``, once no rank reported an ``error`` (else every rank raises it)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (error, value))
+    failed = [(r, e) for r, (e, _) in enumerate(gathered) if e is not None]
+    if failed:
+        r, e = failed[0]
+        raise _Failed(e if e.startswith("rank ") else f"rank {r}: {e}")
+    return [v for _, v in gathered]
+
+
+def _message(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text if isinstance(e, DCPStudioError) else f"{type(e).__name__}: {text}"
 
 
 @contextlib.contextmanager
@@ -179,9 +199,10 @@ def _write(
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if isinstance(recorder.args[0], RemotePath):  # S3: each rank uploads its parts of each object
-        from .upload import upload_on_ranks
+        from .upload import Steps, upload_on_ranks
 
-        return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started, _read_back))
+        steps = Steps(rank, world, _agree, _message, _read_back, KILL_VARIABLE, _SCRATCH)
+        return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started, steps))
     kill = os.environ.get(KILL_VARIABLE)
     with ExitStack() as stack:
         error: str | None = None

@@ -26,7 +26,6 @@ from ..errors import DCPStudioError
 from ..io.raw import FileRange
 from ..ops.convert.layout import GRAIN, Layout, Recorder, _read, _Source, lay_out
 from ..ops.convert.replay import Replay
-from .collective import SCRATCH
 
 __all__ = [
     "MAX_PART",
@@ -123,26 +122,28 @@ def segments_of(layout: Layout, root: Path) -> Segments:
     return out
 
 
-def laid_out(recorder: Recorder, crcs: list[int] | None, replay: Replay | None = None) -> tuple[Layout, Segments]:
-    """The output laid out in a scratch folder (removed at once) and the bytes it holds outside the
-    holes; ``crcs``, ``replay``: as for :func:`~..ops.convert.layout.lay_out`."""
-    scratch = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=SCRATCH))
+def laid_out(
+    recorder: Recorder, scratch: str | None, crcs: list[int] | None = None, replay: Replay | None = None
+) -> tuple[Layout, Segments]:
+    """The output laid out in a folder under ``scratch`` (removed at once) and the bytes it holds
+    outside the holes; ``crcs``, ``replay``: as for :func:`~..ops.convert.layout.lay_out`."""
+    folder = Path(tempfile.mkdtemp(prefix="dcpstudio-layout-", dir=scratch))
     try:
-        at = scratch / recorder.args[0].name  # the name: a torch.save archive holds it
+        at = folder / recorder.args[0].name  # the name: a torch.save archive holds it
         layout = lay_out(recorder, at, crcs, replay)
         return layout, segments_of(layout, at)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def late_parts(layout: Layout, parts: list[Part], first: Segments, recorder: Recorder) -> set[int]:
+def late_parts(layout: Layout, parts: list[Part], first: Segments, recorder: Recorder, scratch: str | None) -> set[int]:
     """The parts (indices) holding bytes that change with the CRC-32s: laid out again with other
     CRCs, the bytes outside the holes compared."""
     if not layout.crc:
         return set()
     import numpy as np
 
-    _, probe = laid_out(recorder, [_CRC_PROBE] * len(layout.holes))
+    _, probe = laid_out(recorder, scratch, [_CRC_PROBE] * len(layout.holes))
     starts: dict[str, list[int]] = {}
     indices: dict[str, list[int]] = {}
     for i, p in enumerate(parts):

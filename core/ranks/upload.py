@@ -42,7 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import DCPStudioError
@@ -54,12 +54,9 @@ from ..io.remote.fs import backend
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.layout import Layout, Recorder, combine_crcs
 from ..progress import CancelToken, Progress, ProgressCallback
-from .collective import KILL_VARIABLE
-from .collective import agree as _agree
-from .collective import message as _message
 from .parts import Part, PartBuilder, Segments, laid_out, late_parts, plan_parts, uploaded
 
-__all__ = ["check_upload", "refuse_store", "upload_on_ranks"]
+__all__ = ["ReadBack", "Steps", "check_upload", "refuse_store", "upload_on_ranks"]
 
 _LAST = (".metadata", "model.safetensors.index.json")  # published last
 
@@ -166,27 +163,37 @@ ReadBack = Callable[..., tuple[list[list[Any]], dict[int, str]]]
 output root that may be a :class:`RemotePath`): each tensor's piece digests, each span's SHA-256."""
 
 
+@dataclass(frozen=True)
+class Steps:
+    """What the distributed conversion (:mod:`.convert`) hands the upload: this rank and the world;
+    ``agree(error, value)``, the step that ends each stage (every rank's value, or every rank raising
+    the first error one reported); ``message``, an error's one line; the manifest's shared
+    ``read_back``; the fault injection's variable; where to lay the output out (``None``: the
+    temporary folder)."""
+
+    rank: int
+    world: int
+    agree: Callable[[str | None, Any], list[Any]]
+    message: Callable[[BaseException], str]
+    read_back: ReadBack
+    kill: str
+    scratch: str | None
+
+
 def upload_on_ranks(
-    recorder: Recorder,
-    progress: ProgressCallback | None,
-    cancel: CancelToken | None,
-    started: float,
-    read_back: ReadBack,
+    recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float, steps: Steps
 ) -> tuple[int, int, float]:
     """This rank's part of uploading the recorded output (every rank calls it): its bytes, its
-    parts, and the seconds since ``started``. ``read_back``: how the ranks share a manifest's
-    read-back (the one the shared-filesystem conversion runs)."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
+    parts, and the seconds since ``started``."""
+    rank, _agree, _message = steps.rank, steps.agree, steps.message
     seed = _agree(None, os.environ.get(SAVE_ID_VARIABLE) or secrets.token_hex(16))[0]
     with _seeded(seed), ExitStack() as stack:
         error = digest = None
         try:
             recorder = check_upload(recorder)
-            layout, segments = laid_out(recorder, None)
-            parts = plan_parts(layout, dist.get_world_size())
-            late = late_parts(layout, parts, segments, recorder)
+            layout, segments = laid_out(recorder, steps.scratch)
+            parts = plan_parts(layout, steps.world)
+            late = late_parts(layout, parts, segments, recorder, steps.scratch)
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
@@ -210,7 +217,7 @@ def upload_on_ranks(
         store = store or _Store(RemotePath(url))
         try:
             share = _upload(
-                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close, read_back
+                layout, segments, parts, mine, late, recorder, store, uploads, progress, cancel, stack.close, steps
             )
         except BaseException:
             store.abort(uploads)  # every rank: a rank 0 that died aborts nothing ...
@@ -232,19 +239,17 @@ def _upload(
     progress: ProgressCallback | None,
     cancel: CancelToken | None,
     publish: Callable[[], None],
-    read_back: ReadBack,
+    steps: Steps,
 ) -> int:
     """Build and upload this rank's parts (those that hold CRC fields after the CRC exchange);
     rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
     another is copied into place from its temporary prefix). Returns this rank's bytes."""
     import signal
 
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
+    rank, _agree, _message = steps.rank, steps.agree, steps.message
     share = sum(parts[i].nbytes for i in mine)
     builder = PartBuilder(layout, segments)
-    killer = os.environ.get(KILL_VARIABLE)
+    killer = os.environ.get(steps.kill)
     done = 0
 
     def advance(n: int) -> None:
@@ -283,7 +288,7 @@ def _upload(
         final = segments
         try:
             if layout.crc and (kept or rank == 0):
-                laid, final = laid_out(recorder, crcs_all)
+                laid, final = laid_out(recorder, steps.scratch, crcs_all)
                 if laid.digest() != layout.digest():
                     raise DCPStudioError("internal error: the output laid out again differs")
             spill.flush()
@@ -315,11 +320,11 @@ def _upload(
         store.fs.invalidate_cache(store.where.path)  # listings cached while planning know none of them
         from ..ops.convert.replay import Replay
 
-        digests, shas = read_back(layout, store.where, True, list(range(len(layout.spans))), check)
+        digests, shas = steps.read_back(layout, store.where, True, list(range(len(layout.spans))), check)
         if rank == 0:
             try:
                 replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
-                laid, final = laid_out(recorder, crcs_all, replay)
+                laid, final = laid_out(recorder, steps.scratch, crcs_all, replay)
                 if laid.digest(sizes=False) != layout.digest(sizes=False):
                     raise DCPStudioError("internal error: the output laid out again differs")
             except Exception as e:
