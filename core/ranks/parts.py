@@ -8,7 +8,9 @@ within :data:`MAX_PARTS`). A part's bytes are the layout's bytes outside the hol
 ZIP directories) with the tensor ranges it holds computed from the source; a range may cut an
 element (parts are cut by bytes), so it is computed on element boundaries and sliced. The parts
 holding bytes that depend on the CRC-32s of the tensors (a ZIP record's local header, its directory)
-are found by laying the output out with other CRCs and comparing (:func:`late_parts`).
+are found by laying the output out with a distinct CRC per tensor and comparing (:func:`crc_fields`):
+each field found, and the tensor whose CRC-32 it holds, so a rank that computed all of a tensor
+fills its fields in itself (:func:`patch`) and uploads the part at once.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ __all__ = [
     "MAX_PARTS",
     "MIN_PART",
     "PARTS_PER_RANK",
+    "Fields",
     "Part",
     "PartBuilder",
     "Segments",
+    "crc_fields",
     "laid_out",
-    "late_parts",
+    "patch",
     "plan_parts",
     "segments_of",
     "uploaded",
@@ -46,8 +50,6 @@ MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last is at le
 MAX_PART = 64 << 20  # parts are at most this large (memory: about three per rank) ...
 MAX_PARTS = 10_000  # ... unless an object needs larger ones to stay within S3's count of parts
 PARTS_PER_RANK = 16  # parts small enough for each rank to get about this many: shares within 1/16 of the mean
-_CRC_PROBE = 0xFFFFFFFF  # the CRC-32 the second layout is given: every byte of a CRC field changes
-_CRC_PROBE = 0xFFFFFFFF  # the CRC-32 the second layout is given: every byte of a CRC field changes
 Segments = dict[str, list[tuple[int, bytes]]]  # per file: (offset, bytes) outside the holes, in order
 
 
@@ -136,30 +138,76 @@ def laid_out(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def late_parts(layout: Layout, parts: list[Part], first: Segments, recorder: Recorder, scratch: str | None) -> set[int]:
-    """The parts (indices) holding bytes that change with the CRC-32s: laid out again with other
-    CRCs, the bytes outside the holes compared."""
-    if not layout.crc:
-        return set()
+def _probe(h: int) -> int:
+    """The CRC-32 hole ``h`` is laid out with to find its fields: no byte zero (each one changes
+    from the first layout's 0), and ``h`` read back from it (:func:`_probed`)."""
+    value = 0
+    for k in range(4):
+        value |= (h % 255 + 1) << (8 * k)
+        h //= 255
+    return value
+
+
+def _probed(field: bytes) -> int | None:
+    """The hole whose probe a 4-byte CRC field holds (little-endian, as ZIP stores it), if any."""
+    if len(field) != 4 or 0 in field:
+        return None
+    return sum((b - 1) * 255**k for k, b in enumerate(field))
+
+
+Fields = dict[int, list[tuple[int, int | None]]]
+"""Per part (its index): the CRC-32 fields in it -- ``(offset in its file, hole)``; ``None``: bytes
+that change with the CRCs but are not a field the parts can fill in themselves."""
+
+
+def crc_fields(layout: Layout, parts: list[Part], first: Segments, recorder: Recorder, scratch: str | None) -> Fields:
+    """The CRC-32 fields in each part (parts without any are left out): the output laid out again
+    with a distinct CRC per hole, and the bytes outside the holes compared with the first layout's
+    (a field that straddles two parts is in both)."""
+    if not layout.crc or len(layout.holes) >= 255**4:
+        return {}
     import numpy as np
 
-    _, probe = laid_out(recorder, scratch, [_CRC_PROBE] * len(layout.holes))
+    _, probe = laid_out(recorder, scratch, [_probe(h) for h in range(len(layout.holes))])
     starts: dict[str, list[int]] = {}
     indices: dict[str, list[int]] = {}
     for i, p in enumerate(parts):
         starts.setdefault(p.file, []).append(p.start)
         indices.setdefault(p.file, []).append(i)
-    late: set[int] = set()
+    out: Fields = {}
     for name, segs in first.items():
         if name not in starts:
             continue
         for (a, one), (_, two) in zip(segs, probe[name], strict=True):
             if one == two:
                 continue
-            changed = np.flatnonzero(np.frombuffer(one, np.uint8) != np.frombuffer(two, np.uint8)) + a
-            for k in np.unique(np.searchsorted(starts[name], changed, side="right") - 1):
-                late.add(indices[name][int(k)])
-    return late
+            changed = np.flatnonzero(np.frombuffer(one, np.uint8) != np.frombuffer(two, np.uint8))
+            runs = np.split(changed, np.flatnonzero(np.diff(changed) != 1) + 1)
+            for run in runs:
+                at, n = int(run[0]), len(run)
+                fields: list[tuple[int, int | None]] = []
+                for k in range(0, n - n % 4, 4):
+                    h = _probed(two[at + k : at + k + 4])
+                    known = h is not None and h < len(layout.holes) and one[at + k : at + k + 4] == bytes(4)
+                    fields.append((a + at + k, h if known else None))
+                if n % 4:
+                    fields.append((a + at + n - n % 4, None))
+                for offset, h in fields:
+                    lo = np.searchsorted(starts[name], offset, side="right") - 1
+                    hi = np.searchsorted(starts[name], offset + 3, side="right") - 1
+                    for k in range(int(lo), int(hi) + 1):
+                        out.setdefault(indices[name][k], []).append((offset, h))
+    return out
+
+
+def patch(part: Part, data: bytearray, fields: list[tuple[int, int | None]], crcs: dict[int, int]) -> None:
+    """Write the CRC-32s ``crcs`` (by hole) into the part's bytes ``data``, at its ``fields``."""
+    for offset, h in fields:
+        assert h is not None
+        value = crcs[h].to_bytes(4, "little")
+        for k in range(4):
+            if part.start <= offset + k < part.end:
+                data[offset + k - part.start] = value[k]
 
 
 class PartBuilder:

@@ -11,10 +11,11 @@ holds tensor bytes and hands every rank the upload ids; each rank builds its par
 headers, pickles and directories with its tensor ranges computed from the source -- and uploads them.
 
 A ZIP record (torch.save, DCP) holds the CRC-32 of its bytes in its local header and in the
-directory, known only once every rank has computed its ranges: a part that holds such a field
-(:func:`~.parts.late_parts`) is kept in a spill file in the temporary folder (unlinked at once: a
-rank killed leaves nothing there) until the ranks have exchanged their CRCs; then the rank lays the
-output out with the final CRCs, patches its kept parts and uploads them. A safetensors header
+directory (:func:`~.parts.crc_fields`). A part that holds such a field goes up as soon as the
+rank has computed all of the tensors whose CRCs it holds and filled them in (most local headers:
+a tensor within one rank's share); until then it waits in a spill file in the temporary folder
+(unlinked at once: a rank killed leaves nothing there), and the rest -- the directories, a tensor
+cut between two ranks -- once the ranks have exchanged their CRCs. A safetensors header
 depends on the layout only: its parts go up at once. The random save ids (``.data/serialization_id``,
 DCP's ``save_id``) are derived from one seed rank 0 draws (as from ``$DCPSTUDIO_SAVE_ID``, which is
 used when set), so every rank's layout has the same bytes.
@@ -47,6 +48,7 @@ from typing import Any
 
 from ..errors import DCPStudioError
 from ..io.atomic import atomic_output
+from ..io.crc import crc32_combine
 from ..io.files import SAVE_ID_VARIABLE, create_file, sync_file
 from ..io.pipeline import prefetch
 from ..io.remote.calls import on_loop, retried
@@ -54,7 +56,7 @@ from ..io.remote.fs import backend
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.layout import Layout, Recorder, combine_crcs
 from ..progress import CancelToken, Progress, ProgressCallback
-from .parts import Part, PartBuilder, Segments, laid_out, late_parts, plan_parts, uploaded
+from .parts import Fields, Part, PartBuilder, Segments, crc_fields, laid_out, patch, plan_parts, uploaded
 
 __all__ = ["ReadBack", "Steps", "check_upload", "refuse_store", "upload_on_ranks"]
 
@@ -193,7 +195,7 @@ def upload_on_ranks(
             recorder = check_upload(recorder)
             layout, segments = laid_out(recorder, steps.scratch)
             parts = plan_parts(layout, steps.world)
-            late = late_parts(layout, parts, segments, recorder, steps.scratch)
+            late = crc_fields(layout, parts, segments, recorder, steps.scratch)
             digest = layout.digest()
         except Exception as e:
             error = _message(e)
@@ -232,7 +234,7 @@ def _upload(
     segments: Segments,
     parts: list[Part],
     mine: list[int],
-    late: set[int],
+    late: Fields,
     recorder: Recorder,
     store: _Store,
     uploads: dict[str, str],
@@ -266,19 +268,49 @@ def _upload(
 
     etags: list[tuple[str, int, str]] = []
     crcs: list[tuple[int, int, int]] = []
-    kept: list[tuple[int, int]] = []  # (part, offset in the spill file)
+    known = {h: 0 for h, hole in enumerate(layout.holes) if not hole[2]}  # CRC-32s computed whole here
+    running: dict[int, tuple[int, int]] = {}  # hole -> (its bytes computed here, their CRC-32)
+    kept: list[tuple[int, int]] = []  # parts waiting for CRC-32s: (part, offset in the spill file)
+
+    def put(i: int, data: bytearray) -> None:
+        p = parts[i]
+        etags.append((p.file, p.number, store.put(p.file, uploads[p.file], p.number, data)))
+
+    def ready(i: int) -> bool:
+        return all(h is not None and h in known for _, h in late.get(i, ()))
+
+    def learn(i: int, got: list[tuple[int, int, int]]) -> None:
+        """Fold part ``i``'s pieces into their holes' CRC-32s; a hole all computed here is known."""
+        p = parts[i]
+        for h, start, crc in got:
+            _, offset, n, _ = layout.holes[h]
+            length = min(n, p.end - offset) - start
+            done_h, whole = running.get(h, (0, 0))
+            if done_h != start:  # not this rank's from the start: known only by the exchange
+                running[h] = (-1, 0)
+                continue
+            running[h] = (start + length, crc32_combine(whole, crc, length) if start else crc)
+            if start + length == n:
+                known[h] = running[h][1]
+
     error = None
     with tempfile.TemporaryFile(prefix="dcpstudio-parts-") as spill:  # unlinked: nothing left by a kill
         try:
             for i, (data, got) in prefetch(lambda i: builder.build(parts[i], check), mine):
                 crcs += got
-                p = parts[i]
-                if i in late:
+                learn(i, got)
+                if i in late and not ready(i):
                     kept.append((i, spill.tell()))
                     spill.write(data)
                 else:
-                    etags.append((p.file, p.number, store.put(p.file, uploads[p.file], p.number, data)))
-                advance(p.nbytes)
+                    patch(parts[i], data, late.get(i, []), known)
+                    put(i, data)
+                for j, at in [k for k in kept if ready(k[0])]:  # its tensors now computed whole here
+                    kept.remove((j, at))
+                    data = bytearray(os.pread(spill.fileno(), parts[j].nbytes, at))
+                    patch(parts[j], data, late[j], known)
+                    put(j, data)
+                advance(parts[i].nbytes)
         except Exception as e:
             error = _message(e)
         everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
@@ -287,17 +319,20 @@ def _upload(
         error = None
         final = segments
         try:
-            if layout.crc and (kept or rank == 0):
+            if layout.crc and (any(h is None for i, _ in kept for _, h in late[i]) or rank == 0):
                 laid, final = laid_out(recorder, steps.scratch, crcs_all)
                 if laid.digest() != layout.digest():
                     raise DCPStudioError("internal error: the output laid out again differs")
             spill.flush()
             for i, at in kept:
                 check()
-                p = parts[i]
-                data = bytearray(os.pread(spill.fileno(), p.nbytes, at))
-                builder.overlay(p, memoryview(data), final)  # the CRC fields, now final
-                etags.append((p.file, p.number, store.put(p.file, uploads[p.file], p.number, data)))
+                data = bytearray(os.pread(spill.fileno(), parts[i].nbytes, at))
+                if any(h is None for _, h in late[i]):
+                    builder.overlay(parts[i], memoryview(data), final)  # the bytes that change with the CRCs
+                else:
+                    assert crcs_all is not None
+                    patch(parts[i], data, late[i], dict(enumerate(crcs_all)))
+                put(i, data)
         except Exception as e:
             error = _message(e)
     gathered = _agree(error, etags)
