@@ -41,3 +41,18 @@ def test_parts_follow_s3s_rules_and_balance_the_ranks(world: int) -> None:
         total = sum(files.values())
         if total >= 10 * GiB:
             assert all(abs(s - total / world) <= 0.1 * total / world for s in shares), (files, shares)
+
+
+def test_a_crc_probe_changes_every_byte_of_its_field_and_names_its_tensor() -> None:
+    """The second layout's CRC per tensor has no zero byte (every byte of a field differs from the
+    first layout's 0) and gives the tensor back; a field straddling two parts is filled in each."""
+    from dcpstudio.core.ranks.parts import Part, _probe, _probed, patch
+
+    for h in (0, 1, 254, 255, 256, 255**2 - 1, 255**3 + 7, 255**4 - 1):
+        field = _probe(h).to_bytes(4, "little")
+        assert 0 not in field and _probed(field) == h
+    left, right = Part("f", 1, 0, 10, 0), Part("f", 2, 10, 20, 1)
+    a, b = bytearray(10), bytearray(10)
+    patch(left, a, [(8, 3)], {3: 0x44332211})
+    patch(right, b, [(8, 3)], {3: 0x44332211})
+    assert bytes(a[8:] + b[:2]) == bytes([0x11, 0x22, 0x33, 0x44]) and not any(a[:8]) and not any(b[2:])
