@@ -97,7 +97,9 @@ class _Store:
 
     def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
         fs = self.fs
-        extra = getattr(fs, "s3_additional_kwargs", {}) or {}  # what one process's uploads carry (SSE, ACL)
+        extra = dict(getattr(fs, "s3_additional_kwargs", {}) or {})  # what one process's uploads carry (SSE, ACL)
+        if getattr(fs, "requester_pays", False):
+            extra["RequestPayer"] = "requester"
         return retried(
             self.where.url, doing, lambda clock: on_loop(fs.loop, fs._call_s3(method, extra, **kwargs), clock)
         )
