@@ -95,11 +95,16 @@ class _Store:
         self.fs = where.fs
         self.published = False  # every rank knows the output is in place
 
-    def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
-        fs = self.fs
-        extra = dict(getattr(fs, "s3_additional_kwargs", {}) or {})  # what one process's uploads carry (SSE, ACL)
-        if getattr(fs, "requester_pays", False):
+    def _extra(self) -> dict[str, Any]:
+        """What one process's uploads carry beside (encryption, ACL, requester pays): s3fs keeps
+        those of each call the method takes."""
+        extra = dict(getattr(self.fs, "s3_additional_kwargs", {}) or {})
+        if getattr(self.fs, "requester_pays", False):
             extra["RequestPayer"] = "requester"
+        return extra
+
+    def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
+        fs, extra = self.fs, self._extra()
         return retried(
             self.where.url, doing, lambda clock: on_loop(fs.loop, fs._call_s3(method, extra, **kwargs), clock)
         )
@@ -145,7 +150,7 @@ class _Store:
         for name, upload in uploads.items():
             bucket, key = self.key(name)
             with contextlib.suppress(Exception):
-                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+                self.fs.call_s3("abort_multipart_upload", self._extra(), Bucket=bucket, Key=key, UploadId=upload)
 
 
 @contextlib.contextmanager
