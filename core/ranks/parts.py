@@ -164,8 +164,10 @@ def crc_fields(layout: Layout, parts: list[Part], first: Segments, recorder: Rec
     """The CRC-32 fields in each part (parts without any are left out): the output laid out again
     with a distinct CRC per hole, and the bytes outside the holes compared with the first layout's
     (a field that straddles two parts is in both)."""
-    if not layout.crc or len(layout.holes) >= 255**4:
+    if not layout.crc:
         return {}
+    if len(layout.holes) >= 255**4:
+        raise DCPStudioError(f"{len(layout.holes)} tensors: more than a distributed upload can tell apart")
     import numpy as np
 
     _, probe = laid_out(recorder, scratch, [_probe(h) for h in range(len(layout.holes))])

@@ -250,8 +250,8 @@ def _upload(
     publish: Callable[[], None],
     steps: Steps,
 ) -> int:
-    """Build and upload this rank's parts (those that hold CRC fields after the CRC exchange);
-    rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
+    """Build and upload this rank's parts (one holding the CRC-32 of a tensor another rank has
+    bytes of, after the CRC exchange); rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
     another is copied into place from its temporary prefix). Returns this rank's bytes."""
     import signal
 
