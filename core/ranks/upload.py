@@ -251,8 +251,9 @@ def _upload(
     steps: Steps,
 ) -> int:
     """Build and upload this rank's parts (one holding the CRC-32 of a tensor another rank has
-    bytes of, after the CRC exchange); rank 0 completes every upload, writes the other files and calls ``publish`` (a folder replacing
-    another is copied into place from its temporary prefix). Returns this rank's bytes."""
+    bytes of, after the CRC exchange); rank 0 completes every upload, writes the other files and
+    calls ``publish`` (a folder replacing another is copied into place from its temporary prefix).
+    Returns this rank's bytes."""
     import signal
 
     rank, _agree, _message = steps.rank, steps.agree, steps.message
