@@ -20,7 +20,8 @@ Each step ends in a collective that carries every rank's error: a failure anywhe
 SIGTERM or SIGINT -- torchrun sends SIGTERM to the survivors when a rank dies -- or a rank killed
 outright, which breaks its peers' connections) makes every rank raise, and rank 0 removes the
 temporary: nothing is published and nothing is left. The destination must be a filesystem every
-rank sees (a shared one across nodes) and that takes positioned writes; object stores do not.
+rank sees (a shared one across nodes) and that takes positioned writes, or S3, where each rank
+uploads its parts of each object's multipart upload instead (:mod:`.upload`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CancelledError, DCPStudioError
-from ..io.remote.locations import RemotePath, as_location
+from ..io.remote.locations import RemotePath
 from ..ops.convert.convert import convert
 from ..ops.convert.layout import (
     Layout,
@@ -86,11 +87,10 @@ class _Failed(DCPStudioError):
 
 
 def refuse_remote(dst: Any) -> None:
-    if isinstance(as_location(dst), RemotePath):
-        raise DCPStudioError(
-            f"{dst}: a distributed conversion writes each rank's bytes into pre-sized files at their offsets, which "
-            "an object store cannot take (no positioned writes); write to a shared filesystem, or convert on one rank"
-        )
+    """A remote destination other than S3 is refused (S3: multipart uploads, :mod:`.upload`)."""
+    from .upload import refuse_store
+
+    refuse_store(dst)
 
 
 def _agree(error: str | None, value: Any) -> list[Any]:
@@ -198,6 +198,11 @@ def _write(
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if isinstance(recorder.args[0], RemotePath):  # S3: each rank uploads its parts of each object
+        from .upload import Steps, upload_on_ranks
+
+        steps = Steps(rank, world, _agree, _message, _read_back, KILL_VARIABLE, _SCRATCH)
+        return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started, steps))
     kill = os.environ.get(KILL_VARIABLE)
     with ExitStack() as stack:
         error: str | None = None

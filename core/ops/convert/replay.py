@@ -23,6 +23,7 @@ from ...formats.digest import PIECE, Moments
 from ...formats.manifest import tensor_record
 from ...formats.readback import ReadBack, _File
 from ...io.raw import pread_into
+from ...io.remote.locations import RemotePath
 
 __all__ = ["Replay", "balance", "piece_digests", "piece_jobs", "span_digests"]
 
@@ -120,7 +121,7 @@ def balance(sizes: Sequence[int], world: int) -> list[list[int]]:
     return out
 
 
-def _read(fd: int, start: int, end: int, label: str, buf: memoryview) -> Any:
+def _read(fd: Any, start: int, end: int, label: str, buf: memoryview) -> Any:
     for at in range(start, end, _READ):
         n = min(_READ, end - at)
         if pread_into(fd, buf[:n], at) < n:
@@ -128,20 +129,33 @@ def _read(fd: int, start: int, end: int, label: str, buf: memoryview) -> Any:
         yield buf[:n]
 
 
-def _opened(root: Path, name: str, fds: dict[str, int]) -> int:
+def _opened(root: Path | RemotePath, name: str, fds: dict[str, Any]) -> Any:
+    """The output's file ``name``: a descriptor, or a remote object read by range (an upload's read-back)."""
     fd = fds.get(name)
     if fd is None:
-        fd = fds[name] = os.open(root / name if name else root, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        where = root / name if name else root
+        if isinstance(where, RemotePath):
+            fd = fds[name] = where.open_read()
+        else:
+            fd = fds[name] = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     return fd
 
 
+def _close(fds: dict[str, Any]) -> None:
+    for fd in fds.values():
+        if isinstance(fd, int):
+            os.close(fd)
+        else:
+            fd.close()
+
+
 def piece_digests(
-    root: Path, jobs: Sequence[tuple[int, str, int, int, str]], check: Callable[[], None] = lambda: None
+    root: Path | RemotePath, jobs: Sequence[tuple[int, str, int, int, str]], check: Callable[[], None] = lambda: None
 ) -> list[tuple[int, int, PieceDigest]]:
     """``(tensor, offset, (sha256, moments))`` of each piece ``jobs`` names (file names relative to
     the output at ``root``), read from the output as :class:`ReadBack` reads it."""
     buf = memoryview(bytearray(_READ))
-    fds: dict[str, int] = {}
+    fds: dict[str, Any] = {}
     out = []
     try:
         for k, name, at, n, dtype in jobs:
@@ -153,17 +167,16 @@ def piece_digests(
             moments.finish(dtype)
             out.append((k, at, (sha.digest(), moments)))
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        _close(fds)
     return out
 
 
 def span_digests(
-    root: Path, spans: Sequence[tuple[int, str, int, int]], check: Callable[[], None] = lambda: None
+    root: Path | RemotePath, spans: Sequence[tuple[int, str, int, int]], check: Callable[[], None] = lambda: None
 ) -> list[tuple[int, str]]:
     """``(span, sha256 hex)`` of each ``(span, file, start, end)`` of the output at ``root``."""
     buf = memoryview(bytearray(_READ))
-    fds: dict[str, int] = {}
+    fds: dict[str, Any] = {}
     out = []
     try:
         for k, name, start, end in spans:
@@ -173,6 +186,5 @@ def span_digests(
                 sha.update(part)
             out.append((k, sha.hexdigest()))
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        _close(fds)
     return out
