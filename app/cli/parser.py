@@ -88,8 +88,8 @@ def _add_ranks(p: argparse.ArgumentParser) -> None:
         "--ranks",
         type=int,
         metavar="N",
-        help="convert on N local ranks, the tensor bytes split between them by size (the output is the same, byte for "
-        "byte, manifest included); omit under torchrun",
+        help="convert on N local ranks, the tensor bytes split between them by size (the output is what one process "
+        "writes, byte for byte, its manifest too where it writes one); omit under torchrun",
     )
     g.add_argument(
         "--timeout", type=float, default=1800.0, help="seconds before the ranks give up on each other (default: 1800)"

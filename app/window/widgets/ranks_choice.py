@@ -27,8 +27,8 @@ class RanksChoice:
         self.spin.setRange(1, max(1, os.cpu_count() or 1))
         self.spin.setValue(1)
         self.spin.setToolTip(
-            "Convert on this many local ranks, the tensor bytes split between them by size; the output is the same, "
-            "byte for byte, manifest included (1: in this process)"
+            "Convert on this many local ranks, the tensor bytes split between them by size; the output is what one "
+            "process writes, byte for byte, its manifest too where it writes one (1: in this process)"
         )
         self.bars = QWidget(parent)
         self._row = QHBoxLayout(self.bars)
