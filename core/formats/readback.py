@@ -133,6 +133,25 @@ class ReadBack:
         self._tensors.append((into, name, dtype, tuple(shape), pieces))
         self.advance(file, f)
 
+    def expect(self, into: dict[str, Any], name: str, dtype: str, shape: tuple[int, ...], pieces: int) -> list[Any]:
+        """A tensor whose ``pieces`` 16 MiB pieces are reduced by the caller's functions, given to
+        :meth:`piece` in any order as their bytes come in (a tensor cut into chunks in several
+        files, :mod:`~...ops.convert.reshard`); its record goes to ``into[name]`` after :meth:`wait`."""
+        into[name] = {}
+        slots: list[Any] = [None] * pieces
+        self._tensors.append((into, name, dtype, tuple(shape), slots))
+        return slots
+
+    def piece(self, slots: list[Any], k: int, nbytes: int, fn: Any, *args: Any) -> None:
+        """Piece ``k`` of an :meth:`expect`-ed tensor: ``fn(*args)`` returns its SHA-256 digest and
+        :class:`~.digest.Moments` (finished), run on one of the two threads."""
+        slots[k] = self._submit(self._taps, nbytes, fn, *args)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the write failed or was cancelled: a piece function stops reading."""
+        return self._stop.is_set()
+
     def advance(self, file: _File, f: Any) -> None:
         """Hash ``file`` up to what ``f`` holds now."""
         f.flush()

@@ -38,6 +38,7 @@ from ...pickles.tensor_io import to_bytes
 from ...progress import Reporter
 from .layouts import LAYOUTS, parse_mesh, target_chunks
 from .output import io_error, writes_into
+from .reshard_manifest import RankedReadBack
 from .transform import Transform
 
 __all__ = ["BAND", "RankedEntry", "bands", "check_rank_options", "plan_files", "to_ranks", "write_for_ranks"]
@@ -178,11 +179,13 @@ def write_for_ranks(
     layout: str,
     mesh: Sequence[int],
     source: Any = None,
+    manifest: bool = True,
 ) -> None:
     """Write ``entries`` of ``ckpt`` at ``dst`` as a DCP laid out for ``layout`` on ``mesh`` (its
     product the world size): ``__R_0.distcp`` per rank that stores something, ``.metadata`` last,
     into an atomic temporary (into ``dst`` beside ``source`` when
-    :func:`~.output.writes_into` says so)."""
+    :func:`~.output.writes_into` says so). With ``manifest`` (a local ``dst``), the output's
+    ``dcpstudio-manifest.json`` is computed from the bytes written (:mod:`.reshard_manifest`)."""
     by_name = {e.fqn: e for e in entries}
     files = plan_files(entries, layout, mesh)
     reporter.total_items = sum(map(len, files))
@@ -199,15 +202,18 @@ def write_for_ranks(
     try:
         into = source is not None and writes_into(source, dst, "dcp")
         out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
-        with _one_torch_thread(), out as tmp:
+        written = [(rank_file(r), items) for r, items in enumerate(files) if items]
+        watch = RankedReadBack([items for _, items in written], tensors) if manifest else None
+        with _one_torch_thread(), out as tmp, watch or contextlib.nullcontext():
             write_ranked_dcp(
                 tmp,
-                [(rank_file(r), _Items(ckpt, by_name, items, reporter)) for r, items in enumerate(files) if items],
+                [(name, _Items(ckpt, by_name, items, reporter)) for name, items in written],
                 tensors,
                 {e.fqn: e.path for e in entries},
                 checkpoint_id=str(dst),
                 label=str(ckpt.path),
                 on_item=on_item,
+                watch=watch,
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -246,9 +252,9 @@ def to_ranks(
     manifest: bool = True,
 ) -> tuple[str, ...]:
     """:func:`write_for_ranks` for a conversion's plan (entries with ``fqn``, ``path``, ``tensor``,
-    ``value``), cast as ``transform`` casts; the notes for the user. No manifest is written (its
-    records are of whole tensors, streamed in order, which a rank's chunks are not): said, when
-    one was asked for."""
+    ``value``), cast as ``transform`` casts, with a manifest unless ``manifest`` is False; the
+    notes for the user. A remote output gets none (its tensors' pieces lie in several uploads,
+    which cannot be read back): said, when one was asked for."""
     obj = getattr(ckpt, "obj", None)
     if ckpt.format == "torch" and obj is not None and not isinstance(obj, dict):
         raise UnsupportedFormatError(
@@ -259,9 +265,13 @@ def to_ranks(
         dtype = ckpt.entries[e.fqn].dtype if e.tensor is not None else None
         cast = transform.cast_of(dtype) if dtype is not None else None
         entries.append(RankedEntry(e.fqn, e.path, e.tensor, e.value, cast))
-    write_for_ranks(ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path)
-    if not manifest or not isinstance(dst, Path):  # remote outputs carry none anyway
+    local = isinstance(dst, Path)
+    write_for_ranks(
+        ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path,
+        manifest=manifest and local,
+    )  # fmt: skip
+    if not manifest or local:
         return ()
-    note = f"{dst}: no manifest written (--for-ranks outputs carry none); `dcpstudio verify SRC DST` checks the values"
+    note = f"{dst}: no manifest written (remote --for-ranks outputs carry none); `dcpstudio verify SRC DST` checks it"
     warnings.warn(note, stacklevel=3)
     return (note,)
