@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from dcpstudio.core import CancelToken, convert, open_checkpoint
 from dcpstudio.core.errors import CancelledError, DestinationExistsError
 from dcpstudio.core.ops.convert import reshard
 from dcpstudio.core.ops.convert.layouts import target_chunks
+from dcpstudio.core.ops.integrity import digests
+from dcpstudio.core.ops.integrity.manifests import read_manifest
 from dcpstudio.core.ranks.launch import launch
 from tests import _ranks
 
@@ -58,21 +61,40 @@ def _same_layout_as_torch(ours: Path, torchs: Path, layout: str, mesh: tuple[int
                 assert their_files[(fqn, c.offsets)] == my_files[(fqn, c.offsets)]
 
 
+def _recorded(path: Path) -> dict[str, str]:
+    """Each tensor's digest as the manifest of ``path`` records it."""
+    found = read_manifest(path)
+    assert found is not None, path
+    return {fqn: record["digest"] for fqn, record in found.tensors.items()}
+
+
+def _hashed(path: Path) -> dict[str, str]:
+    """Each tensor's digest as ``dcpstudio hash`` computes it from the checkpoint's bytes."""
+    with open_checkpoint(path) as ckpt:
+        return {d.fqn: d.digest for d in digests(ckpt) if d.kind == "tensor"}
+
+
 @pytest.fixture(scope="module")
 def resharded(multirank_dcp: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """3 ranks (torch's save) -> 2 ranks shard0, loaded on 2; torch's 2-rank save of that -> 4 ranks
     fsdp on a 2x2 mesh, loaded on 4. One spawn per world size."""
     tmp = tmp_path_factory.mktemp("reshard")
-    assert main(["convert", str(multirank_dcp), str(tmp / "r2"), "--for-ranks", "2", "--no-manifest", "-q"]) == 0
+    assert main(["convert", str(multirank_dcp), str(tmp / "r2"), "--for-ranks", "2", "-q"]) == 0  # with its manifest
     two = launch(_ranks.load_resharded, (str(tmp / "r2"), "shard0", (2,), str(tmp / "t2")), nprocs=2, timeout=120)
     convert(tmp / "t2", tmp / "r4", to="dcp", for_ranks=4, layout="fsdp", mesh="2x2", manifest=False)
     four = launch(_ranks.load_resharded, (str(tmp / "r4"), "fsdp", (2, 2), str(tmp / "t4")), nprocs=4, timeout=120)
     return {"tmp": tmp, "two": two, "four": four}
 
 
-def test_three_ranks_to_two_loads_exactly_each_rank_from_its_file(resharded: dict[str, Any]) -> None:
+def test_three_ranks_to_two_loads_exactly_each_rank_from_its_file(
+    resharded: dict[str, Any], multirank_dcp: Path
+) -> None:
     tmp = resharded["tmp"]
-    assert sorted(p.name for p in (tmp / "r2").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert _recorded(tmp / "r2") == _hashed(multirank_dcp)  # the source's 3 ranks' chunks, the copy's 2
+    assert sorted(p.name for p in (tmp / "r2").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "dcpstudio-manifest.json"
+    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp / "r4").iterdir()) == [".metadata", *(f"__{r}_0.distcp" for r in range(4))]
     _same_layout_as_torch(tmp / "r2", tmp / "t2", "shard0", (2,))
     for rank, got in enumerate(resharded["two"]):
         assert got["wrong"] == []
@@ -100,10 +122,9 @@ def test_selection_casts_bands_and_any_source(
     source is laid out too. Checked with the files' own reader (torch's runs in the spawned tests)."""
     monkeypatch.setattr(reshard, "BAND", 40)  # every chunk of more than 40 bytes in several bands
     dst = tmp_path / "bf"
-    with pytest.warns(UserWarning, match="no manifest written"):  # said, not silently left out
-        result = convert(multirank_dcp, dst, to="dcp", for_ranks=3, layout="shard1", include=r"^model\.", dtype="bf16")
-    assert any("no manifest written" in note for note in result.notes)
-    assert not [p for p in dst.iterdir() if "manifest" in p.name]
+    result = convert(multirank_dcp, dst, to="dcp", for_ranks=3, layout="shard1", include=r"^model\.", dtype="bf16")
+    assert result.notes == ()
+    assert _recorded(dst) == _hashed(dst)  # the manifest holds what was written: the cast tensors
     with open_checkpoint(multirank_dcp) as src, open_checkpoint(dst) as out:
         assert sorted(out.entries) == sorted(f for f in src.entries if f.startswith("model."))
         for fqn in out.entries:
@@ -123,6 +144,38 @@ def test_selection_casts_bands_and_any_source(
             else:
                 assert out.read_value(fqn) == src.read_value(fqn)
         assert max(len(out.chunks(f)) for f in out.entries if out.entries[f].kind == "tensor") == 4
+
+
+def test_the_manifest_is_any_layouts_and_check_finds_a_flipped_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resharded copy's manifest records what a one-file DCP of the same tensors records, digests
+    and moments (both are of the canonical bytes: 16 MiB pieces cut across rows, chunks and files,
+    a piece read back as soon as its rows are written under shard0); `check` verifies the copy
+    alone and finds a flipped byte; `verify SRC DST` agrees with it."""
+    g = torch.Generator().manual_seed(3)
+    pt = tmp_path / "m.pt"
+    torch.save(
+        {"big": torch.randn(1000, 9001, generator=g), "w": torch.randn(9, 10, generator=g).bfloat16(),
+         "i": torch.arange(60).reshape(6, 10), "s": torch.tensor(2.5), "e": torch.zeros(0, 4), "step": 3},
+        pt,
+    )  # fmt: skip
+    convert(pt, tmp_path / "one", to="dcp")
+    want = read_manifest(tmp_path / "one").tensors  # type: ignore[union-attr]
+    assert _recorded(tmp_path / "one") == _hashed(pt)
+    for name, layout, n, mesh in (("s0", "shard0", 2, None), ("s1", "shard1", 3, None), ("f", "fsdp", 4, "2x2")):
+        convert(pt, tmp_path / name, for_ranks=n, layout=layout, mesh=mesh)
+        assert read_manifest(tmp_path / name).tensors == want, layout  # type: ignore[union-attr]
+    dst = tmp_path / "s1"
+    assert main(["check", str(dst)]) == 0
+    assert main(["verify", str(pt), str(dst)]) == 0
+    data = dst / "__2_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1  # a mantissa bit of big's last third: nothing a reader refuses
+    data.write_bytes(raw)
+    capsys.readouterr()
+    assert main(["check", str(dst)]) == 1
+    assert "__2_0.distcp" in capsys.readouterr().out
 
 
 def test_bands_tile_a_box_in_row_major_order() -> None:
@@ -151,17 +204,9 @@ def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tm
         token.cancel()
 
     with pytest.raises(CancelledError):
-        convert(
-            multirank_dcp,
-            dst,
-            for_ranks=3,
-            to="dcp",
-            overwrite=True,
-            progress=cancel_after_first,
-            cancel=token,
-            manifest=False,
-        )
+        convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, progress=cancel_after_first, cancel=token)
     assert pickle.dumps(_layout(dst)) == before  # untouched
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("dcpstudio-digest", "dcpstudio-sha"))]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary left
     convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, manifest=False)
     assert sorted(p.name for p in dst.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
