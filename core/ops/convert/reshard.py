@@ -13,6 +13,7 @@ DCP's metadata gives every chunk one place, so a shared region cannot be in ever
 Chunks are read from the source in bands of at most :data:`BAND` bytes (a region of any size is
 streamed, the next band read while the current one is written) and their CRC computed as they
 pass; a region that is a whole tensor lying verbatim in a source file is copied in the kernel.
+The output's manifest is read back from the chunks written (:mod:`.reshard_manifest`).
 """
 
 from __future__ import annotations
