@@ -247,6 +247,15 @@ def test_layout_without_for_ranks_and_a_dot_pt_destination_are_refused(
     ]
 
 
+def test_for_ranks_on_ranks_is_refused_before_anything_is_written(multirank_dcp: Path, tmp_path: Path) -> None:
+    """From Python too (the CLI refuses --ranks and torchrun): planning it for the ranks wrote it."""
+    from dcpstudio.core.ranks.convert import run_convert
+
+    with pytest.raises(ValueError, match="runs on one process"):
+        run_convert(multirank_dcp, tmp_path / "r", ranks=2, for_ranks=2)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_rank_regions_are_torchs_for_uneven_and_empty_shards() -> None:
     """Against the function DTensor's checkpointing calls for a rank's chunk (private to torch: this
     test follows it where it moves), over shapes that leave ranks short or empty."""
