@@ -31,14 +31,13 @@ from ...dtypes import DType
 from ...errors import UnsupportedFormatError
 from ...formats.dcp.ranked import ItemData, StoredItem, rank_file, write_ranked_dcp
 from ...formats.torchsave.writer import write_archive
-from ...io.atomic import atomic_into, atomic_output
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange
 from ...pickles.refs import TensorRef
 from ...pickles.tensor_io import to_bytes
 from ...progress import Reporter
 from .layouts import LAYOUTS, parse_mesh, target_chunks
-from .output import io_error, writes_into
+from .output import io_error, output_context
 from .reshard_manifest import RankedReadBack
 from .transform import Transform
 
@@ -184,8 +183,8 @@ def write_for_ranks(
 ) -> None:
     """Write ``entries`` of ``ckpt`` at ``dst`` as a DCP laid out for ``layout`` on ``mesh`` (its
     product the world size): ``__R_0.distcp`` per rank that stores something, ``.metadata`` last,
-    into an atomic temporary (into ``dst`` beside ``source`` when
-    :func:`~.output.writes_into` says so). With ``manifest`` (a local ``dst``), the output's
+    into an atomic temporary (into ``dst`` beside ``source`` when :func:`~.output.writes_into` says
+    so: :func:`~.output.output_context`). With ``manifest`` (a local ``dst``), the output's
     ``dcpstudio-manifest.json`` is computed from the bytes written (:mod:`.reshard_manifest`)."""
     by_name = {e.fqn: e for e in entries}
     files = plan_files(entries, layout, mesh)
@@ -201,8 +200,7 @@ def write_for_ranks(
         reporter.advance(nbytes, current=item.fqn)
 
     try:
-        into = source is not None and writes_into(source, dst, "dcp")
-        out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
+        out = output_context(dst, overwrite, source=source)
         written = [(rank_file(r), items) for r, items in enumerate(files) if items]
         watch = RankedReadBack([items for _, items in written], tensors) if manifest else None
         with _one_torch_thread(), out as tmp, watch or contextlib.nullcontext():
