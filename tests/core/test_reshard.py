@@ -7,6 +7,7 @@ import itertools
 import multiprocessing
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from dcpstudio.cli.main import main
 from dcpstudio.core import CancelToken, convert, open_checkpoint
 from dcpstudio.core.errors import CancelledError, DestinationExistsError
-from dcpstudio.core.ops.convert import reshard
+from dcpstudio.core.ops.convert import reshard, reshard_manifest
 from dcpstudio.core.ops.convert.layouts import target_chunks
 from dcpstudio.core.ops.integrity import digests
 from dcpstudio.core.ops.integrity.manifests import read_manifest
@@ -192,7 +193,9 @@ def test_bands_tile_a_box_in_row_major_order() -> None:
     assert reshard.bands((), (), 4) == [((), ())] and reshard.bands((0, 0), (0, 3), 4) == []
 
 
-def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tmp_path: Path) -> None:
+def test_overwrite_and_cancel_leave_nothing_half_written(
+    multirank_dcp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dst = tmp_path / "r"
     convert(multirank_dcp, dst, for_ranks=2, manifest=False)  # a DCP source's default target (torch.save) is a DCP here
     with pytest.raises(DestinationExistsError):
@@ -207,6 +210,20 @@ def test_overwrite_and_cancel_leave_nothing_half_written(multirank_dcp: Path, tm
         convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, progress=cancel_after_first, cancel=token)
     assert pickle.dumps(_layout(dst)) == before  # untouched
     assert not [t.name for t in threading.enumerate() if t.name.startswith(("dcpstudio-digest", "dcpstudio-sha"))]
+    late = CancelToken()  # a 2-D tensor under shard1 is read back once its last chunk is written: cancel then
+    read_piece = reshard_manifest.RankedReadBack._piece
+
+    def cancelling(self: Any, *args: Any) -> Any:
+        time.sleep(0.1)  # after the last item's own check
+        late.cancel()
+        time.sleep(0.2)
+        return read_piece(self, *args)
+
+    monkeypatch.setattr(reshard_manifest.RankedReadBack, "_piece", cancelling)
+    with pytest.raises(CancelledError):
+        convert(multirank_dcp, dst, for_ranks=3, layout="shard1", include=r"^model\.w$", overwrite=True, cancel=late)
+    assert pickle.dumps(_layout(dst)) == before
+    monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary left
     convert(multirank_dcp, dst, for_ranks=3, to="dcp", overwrite=True, manifest=False)
     assert sorted(p.name for p in dst.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]

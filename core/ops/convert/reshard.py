@@ -202,7 +202,7 @@ def write_for_ranks(
     try:
         out = output_context(dst, overwrite, source=source)
         written = [(rank_file(r), items) for r, items in enumerate(files) if items]
-        watch = RankedReadBack([items for _, items in written], tensors) if manifest else None
+        watch = RankedReadBack([items for _, items in written], tensors, reporter.check) if manifest else None
         with _one_torch_thread(), out as tmp, watch or contextlib.nullcontext():
             write_ranked_dcp(
                 tmp,

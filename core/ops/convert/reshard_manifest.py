@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,18 @@ class RankedReadBack:
     """A :class:`~...formats.dcp.ranked.Watch` that reads a resharded DCP back for its manifest.
 
     ``files``: each data file's items in the order they are written (files in order);
-    ``tensors``: each tensor's dtype and shape as written. Use it as a context manager around the
-    write: its threads and descriptors end with it, failed or not."""
+    ``tensors``: each tensor's dtype and shape as written; ``check`` raises to cancel (called while
+    the last pieces are read back, which under ``shard1`` is all of them). Use it as a context
+    manager around the write: its threads and descriptors end with it, failed or not."""
 
-    def __init__(self, files: Sequence[Sequence[StoredItem]], tensors: Mapping[str, tuple[DType, tuple[int, ...]]]):
+    def __init__(
+        self,
+        files: Sequence[Sequence[StoredItem]],
+        tensors: Mapping[str, tuple[DType, tuple[int, ...]]],
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
         self.back = ReadBack()
+        self._check = check
         self._manifest = Manifest()
         self._buffers = RawBuffers(keep=8)
         self._fds: dict[str, _Fd] = {}
@@ -141,6 +149,10 @@ class RankedReadBack:
         """The manifest, once every piece is read back and every file hashed."""
         if self._next != len(self._ready):
             raise AssertionError(f"{len(self._ready) - self._next} pieces were never written")
+        pending = [slot for t in self._tensors.values() for slot in t.slots]
+        while pending:  # a cancel is heard while they are read
+            self._check()
+            pending = list(futures.wait(pending, timeout=0.1).not_done)
         self.back.wait()
         self._manifest.files.update(self.back.records())
         return self._manifest
