@@ -8,9 +8,9 @@ resharded tensor lies in chunks spread over the ranks' files, written file after
 read back once every chunk holding part of its rows is written, assembled box by box
 (:func:`~...io.blocks.run_blocks`, 1 MiB boxes) from those chunks
 (:class:`~...checkpoints.canonical.CanonicalSource`). Under ``shard0`` on a 1-D mesh a piece is
-ready when its rank's file reaches it; where every rank holds part of every row (``shard1``) the
-pieces are ready when the last file is written, and are read back then -- memory stays a few boxes
-either way, the read-back's 1 GiB lag bound waits only for what was ready.
+ready when its rank's file reaches it; where every rank holds part of every row (``shard1``) only
+once the last file reaches the tensor, so the read-back trails the writer by all the other files --
+memory stays a few boxes either way; the read-back's 1 GiB lag bound waits only for what is ready.
 """
 
 from __future__ import annotations
