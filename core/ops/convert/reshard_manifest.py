@@ -7,7 +7,7 @@ A tensor's digest and moments are of its canonical row-major bytes (the same in 
 resharded tensor lies in chunks spread over the ranks' files, written file after file: a piece is
 read back once every chunk holding part of its rows is written, assembled box by box
 (:func:`~...io.blocks.run_blocks`, 1 MiB boxes) from those chunks
-(:class:`~...checkpoints.canonical.CanonicalSource`). Under ``shard0`` on a 1-D mesh a piece is
+(:func:`~...checkpoints.canonical.chunked_source`). Under ``shard0`` on a 1-D mesh a piece is
 ready when its rank's file reaches it; where every rank holds part of every row (``shard1``) only
 once the last file reaches the tensor, so the read-back trails the writer by all the other files --
 memory stays a few boxes either way; the read-back's 1 GiB lag bound waits only for what is ready.
@@ -23,7 +23,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-from ...checkpoints.canonical import CanonicalSource, RawBuffers, _Piece
+from ...checkpoints.canonical import CanonicalSource, RawBuffers, chunked_source
 from ...dtypes import DType
 from ...formats.dcp.ranked import StoredItem
 from ...formats.digest import PIECE, Moments
@@ -49,7 +49,7 @@ class _Fd:
 class _Tensor:
     def __init__(self, fqn: str, dtype: DType, shape: tuple[int, ...], slots: list[Any]) -> None:
         self.fqn, self.dtype, self.shape, self.slots = fqn, dtype, shape, slots
-        self.chunks: list[_Piece] = []  # where each chunk written so far lies
+        self.chunks: list[tuple[_Fd, int, tuple[int, ...], tuple[int, ...], str]] = []  # each written so far
 
 
 class RankedReadBack:
@@ -117,7 +117,7 @@ class RankedReadBack:
         t = self._tensors.get(item.fqn) if item.offsets is not None else None
         if t is not None:
             label = f"{self._file.path} ({item.fqn!r})"
-            t.chunks.append(_Piece(self._fds[file_name], data_at, item.offsets or (), item.sizes, label))  # type: ignore[arg-type]
+            t.chunks.append((self._fds[file_name], data_at, item.offsets or (), item.sizes, label))
         end = bisect.bisect_right(self._waits, self._done, lo=self._next)
         for _, fqn, k in self._ready[self._next : end]:
             self._submit(self._tensors[fqn], k)
@@ -126,7 +126,7 @@ class RankedReadBack:
     def _submit(self, t: _Tensor, k: int) -> None:
         size = math.prod(t.shape) * t.dtype.itemsize
         nbytes = min(PIECE, size - k * PIECE)
-        source = CanonicalSource(t.shape, t.dtype.itemsize, list(t.chunks))
+        source = chunked_source(t.shape, t.dtype.itemsize, t.chunks)
         start = k * PIECE // t.dtype.itemsize
         self.back.piece(t.slots, k, nbytes, self._piece, source, t, start, start + nbytes // t.dtype.itemsize)
 
