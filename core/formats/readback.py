@@ -90,7 +90,8 @@ class ReadBack:
         for pool in (self._taps, self._chain):
             pool.shutdown(wait=True, cancel_futures=True)
         for file in self.files:
-            os.close(file.fd)
+            if file.fd >= 0:
+                os.close(file.fd)
         self.files.clear()
 
     def file(self, path: Path, start: int = 0) -> _File:
@@ -98,6 +99,17 @@ class ReadBack:
         file = _File(path, os.open(path, os.O_RDONLY), start, start)
         self.files.append(file)
         return file
+
+    def done(self, file: _File) -> None:
+        """``file`` is complete (its last :meth:`advance` given): its descriptor is closed once it
+        is hashed, so an output of thousands of files holds few open (the usual limit is 1,024)."""
+        self._chain.submit(self._release, file)
+
+    @staticmethod
+    def _release(file: _File) -> None:
+        if file.fd >= 0:
+            os.close(file.fd)
+            file.fd = -1
 
     def _submit(self, pool: ThreadPoolExecutor, nbytes: int, fn: Any, *args: Any) -> Future[Any]:
         """Queue ``fn``; first wait while more than 1 GiB written is not yet read back."""

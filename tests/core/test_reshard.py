@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 import pickle
 import threading
 import time
@@ -177,6 +178,23 @@ def test_the_manifest_is_any_layouts_and_check_finds_a_flipped_byte(
     capsys.readouterr()
     assert main(["check", str(dst)]) == 1
     assert "__2_0.distcp" in capsys.readouterr().out
+
+
+def test_a_layout_for_more_ranks_than_descriptors_allowed(tmp_path: Path) -> None:
+    """A piece of `x` lies in all 300 ranks' files: the read-back keeps few open (it held one per
+    file, past the usual limit of 1,024 for a layout for thousands of ranks)."""
+    resource = pytest.importorskip("resource")
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc/self/fd")
+    pt = tmp_path / "m.pt"
+    torch.save({"w": torch.randn(300, 2), "x": torch.randn(2, 300)}, pt)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 200, hard))
+    try:
+        convert(pt, tmp_path / "r", for_ranks=300, layout="shard1")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert _recorded(tmp_path / "r") == _hashed(pt)
 
 
 def test_bands_tile_a_box_in_row_major_order() -> None:

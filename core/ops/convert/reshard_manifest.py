@@ -18,6 +18,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -34,22 +37,60 @@ from ...io.blocks import run_blocks
 __all__ = ["RankedReadBack"]
 
 _BOX = 1 << 20  # bytes of one box read back (the DCP writer's read-back reads 1 MiB at a time)
+_OPEN = 64  # data files a read-back thread keeps open
 
 
-class _Fd:
-    """A read-back descriptor as the file :func:`~...io.raw.read_exact` preads from."""
+class _Files:
+    """The data files as the read-back threads read them: each thread keeps the last
+    :data:`_OPEN` it read open. A piece under ``shard1`` has part of every rank's file, and one
+    descriptor per file would pass the usual limit of 1,024 for a layout for thousands of ranks."""
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[int] = set()
+
+    def fd(self, path: Path) -> int:
+        cache: OrderedDict[Path, int] | None = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = OrderedDict()
+        fd = cache.get(path)
+        if fd is not None:
+            cache.move_to_end(path)
+            return fd
+        if len(cache) >= _OPEN:  # this thread's own: no other thread reads through it
+            _, old = cache.popitem(last=False)
+            with self._lock:
+                self._open.discard(old)
+            os.close(old)
+        fd = os.open(path, os.O_RDONLY)
+        with self._lock:
+            self._open.add(fd)
+        cache[path] = fd
+        return fd
+
+    def close(self) -> None:
+        """Once the threads have ended."""
+        with self._lock:
+            for fd in self._open:
+                os.close(fd)
+            self._open.clear()
+
+
+class _DataFile:
+    """A data file as :func:`~...io.raw.read_exact` preads from it, opened by the reading thread."""
+
+    def __init__(self, files: _Files, path: Path) -> None:
+        self._files, self.path = files, path
 
     def fileno(self) -> int:
-        return self._fd
+        return self._files.fd(self.path)
 
 
 class _Tensor:
     def __init__(self, fqn: str, dtype: DType, shape: tuple[int, ...], slots: list[Any]) -> None:
         self.fqn, self.dtype, self.shape, self.slots = fqn, dtype, shape, slots
-        self.chunks: list[tuple[_Fd, int, tuple[int, ...], tuple[int, ...], str]] = []  # each written so far
+        self.chunks: list[tuple[_DataFile, int, tuple[int, ...], tuple[int, ...], str]] = []  # each written so far
 
 
 class RankedReadBack:
@@ -70,7 +111,8 @@ class RankedReadBack:
         self._check = check
         self._manifest = Manifest()
         self._buffers = RawBuffers(keep=8)
-        self._fds: dict[str, _Fd] = {}
+        self._files = _Files()
+        self._paths: dict[str, _DataFile] = {}
         self._file: Any = None
         self._done = 0  # items written
         self._tensors: dict[str, _Tensor] = {}
@@ -105,11 +147,14 @@ class RankedReadBack:
 
     def __exit__(self, *exc: object) -> None:
         self.back.close()
+        self._files.close()
         self._buffers.clear()
 
     def file(self, path: Path) -> None:
+        if self._file is not None:
+            self.back.done(self._file)
         self._file = self.back.file(path)
-        self._fds[path.name] = _Fd(self._file.fd)
+        self._paths[path.name] = _DataFile(self._files, path)
 
     def written(self, item: StoredItem, file_name: str, data_at: int, f: Any) -> None:
         self.back.advance(self._file, f)  # flushed: what follows reads the bytes from the file
@@ -117,7 +162,7 @@ class RankedReadBack:
         t = self._tensors.get(item.fqn) if item.offsets is not None else None
         if t is not None:
             label = f"{self._file.path} ({item.fqn!r})"
-            t.chunks.append((self._fds[file_name], data_at, item.offsets or (), item.sizes, label))
+            t.chunks.append((self._paths[file_name], data_at, item.offsets or (), item.sizes, label))
         end = bisect.bisect_right(self._waits, self._done, lo=self._next)
         for _, fqn, k in self._ready[self._next : end]:
             self._submit(self._tensors[fqn], k)
