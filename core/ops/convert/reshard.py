@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 from ...checkpoints import Checkpoint
 from ...dtypes import DType
-from ...errors import UnsupportedFormatError
+from ...errors import DCPStudioError, UnsupportedFormatError
 from ...formats.dcp.ranked import ItemData, StoredItem, rank_file, write_ranked_dcp
 from ...formats.torchsave.writer import write_archive
 from ...io.pipeline import prefetch
@@ -252,8 +251,13 @@ def to_ranks(
 ) -> tuple[str, ...]:
     """:func:`write_for_ranks` for a conversion's plan (entries with ``fqn``, ``path``, ``tensor``,
     ``value``), cast as ``transform`` casts, with a manifest unless ``manifest`` is False; the
-    notes for the user. A remote output gets none (its tensors' pieces lie in several uploads,
-    which cannot be read back): said, when one was asked for."""
+    notes for the user (none). A remote destination is refused: a chunk streamed in bands has its
+    archive's CRC filled in after its bytes, which an upload cannot seek back to."""
+    if not isinstance(dst, Path):
+        raise DCPStudioError(
+            f"{dst}: --for-ranks writes each chunk's archive and then its CRC before it, which an upload cannot "
+            "(no seeking back); write to a local or shared filesystem and copy the folder"
+        )
     obj = getattr(ckpt, "obj", None)
     if ckpt.format == "torch" and obj is not None and not isinstance(obj, dict):
         raise UnsupportedFormatError(
@@ -264,13 +268,8 @@ def to_ranks(
         dtype = ckpt.entries[e.fqn].dtype if e.tensor is not None else None
         cast = transform.cast_of(dtype) if dtype is not None else None
         entries.append(RankedEntry(e.fqn, e.path, e.tensor, e.value, cast))
-    local = isinstance(dst, Path)
     write_for_ranks(
         ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path,
-        manifest=manifest and local,
+        manifest=manifest,
     )  # fmt: skip
-    if not manifest or local:
-        return ()
-    note = f"{dst}: no manifest written (remote --for-ranks outputs carry none); `dcpstudio verify SRC DST` checks it"
-    warnings.warn(note, stacklevel=3)
-    return (note,)
+    return ()
