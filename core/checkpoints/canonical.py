@@ -30,7 +30,7 @@ from .dcp.checkpoint import DCPCheckpoint
 from .safetensors import SafetensorsCheckpoint
 from .torchsave import TorchCheckpoint
 
-__all__ = ["CanonicalSource", "RawBuffers", "canonical_source"]
+__all__ = ["CanonicalSource", "RawBuffers", "canonical_source", "chunked_source"]
 
 _WINDOW = 256 << 20  # the most storage bytes a strided torch.save view is read through at once
 
@@ -153,6 +153,15 @@ class CanonicalSource:
                 yield out
         finally:
             buffers.give(window)
+
+
+def chunked_source(
+    shape: Sequence[int], itemsize: int, chunks: Sequence[tuple[Any, int, Sequence[int], Sequence[int], str]]
+) -> CanonicalSource:
+    """A tensor's canonical bytes from row-major chunks ``(file, data offset, offsets, sizes,
+    label)`` that tile it (or the part of it that will be read): an output being written, read
+    back before it is a checkpoint (:mod:`~..ops.convert.reshard_manifest`)."""
+    return CanonicalSource(shape, itemsize, [_Piece(f, at, o, s, label) for f, at, o, s, label in chunks])
 
 
 def canonical_source(ckpt: Checkpoint, fqn: str) -> CanonicalSource | None:

@@ -90,7 +90,8 @@ class ReadBack:
         for pool in (self._taps, self._chain):
             pool.shutdown(wait=True, cancel_futures=True)
         for file in self.files:
-            os.close(file.fd)
+            if file.fd >= 0:
+                os.close(file.fd)
         self.files.clear()
 
     def file(self, path: Path, start: int = 0) -> _File:
@@ -98,6 +99,17 @@ class ReadBack:
         file = _File(path, os.open(path, os.O_RDONLY), start, start)
         self.files.append(file)
         return file
+
+    def done(self, file: _File) -> None:
+        """``file`` is complete (its last :meth:`advance` given): its descriptor is closed once it
+        is hashed, so an output of thousands of files holds few open (the usual limit is 1,024)."""
+        self._chain.submit(self._release, file)
+
+    @staticmethod
+    def _release(file: _File) -> None:
+        if file.fd >= 0:
+            os.close(file.fd)
+            file.fd = -1
 
     def _submit(self, pool: ThreadPoolExecutor, nbytes: int, fn: Any, *args: Any) -> Future[Any]:
         """Queue ``fn``; first wait while more than 1 GiB written is not yet read back."""
@@ -132,6 +144,25 @@ class ReadBack:
             pieces.append(self._submit(self._taps, n, self._piece, file.fd, at + k, n, dtype, name))
         self._tensors.append((into, name, dtype, tuple(shape), pieces))
         self.advance(file, f)
+
+    def expect(self, into: dict[str, Any], name: str, dtype: str, shape: tuple[int, ...], pieces: int) -> list[Any]:
+        """A tensor whose ``pieces`` 16 MiB pieces are reduced by the caller's functions, given to
+        :meth:`piece` in any order as their bytes come in (a tensor cut into chunks in several
+        files, :mod:`~...ops.convert.reshard`); its record goes to ``into[name]`` after :meth:`wait`."""
+        into[name] = {}
+        slots: list[Any] = [None] * pieces
+        self._tensors.append((into, name, dtype, tuple(shape), slots))
+        return slots
+
+    def piece(self, slots: list[Any], k: int, nbytes: int, fn: Any, *args: Any) -> None:
+        """Piece ``k`` of an :meth:`expect`-ed tensor: ``fn(*args)`` returns its SHA-256 digest and
+        :class:`~.digest.Moments` (finished), run on one of the two threads."""
+        slots[k] = self._submit(self._taps, nbytes, fn, *args)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the write failed or was cancelled: a piece function stops reading."""
+        return self._stop.is_set()
 
     def advance(self, file: _File, f: Any) -> None:
         """Hash ``file`` up to what ``f`` holds now."""

@@ -143,13 +143,14 @@ _INTO = "dcp"  # the staging folder's name inside a folder written into: .dcp.dc
 
 
 @contextlib.contextmanager
-def atomic_into(dst: Path, *, overwrite: bool, keep: Path) -> Iterator[Path]:
+def atomic_into(dst: Path, *, overwrite: bool, keep: Path, sidecars: tuple[str, ...] = ()) -> Iterator[Path]:
     """Yield a path to write a checkpoint folder at; then move its files into the existing folder
     ``dst`` -- ``.metadata`` last, so a reader sees the new checkpoint only when whole -- and touch
     nothing else there. This is how a DCP is written into the folder that holds its source file,
     as torch's writer does: ``keep`` (the source) is never replaced, and a name that exists in
     ``dst`` is replaced only with ``overwrite`` (an old ``.metadata`` is removed first, so its data
-    files are never seen with new bytes). The staging folder is inside ``dst``: same file system."""
+    files are never seen with new bytes; so are the ``sidecars`` describing it, its manifest, that
+    the new one does not replace). The staging folder is inside ``dst``: same file system."""
     dst = Path(dst).absolute()
     if not os.access(dst, os.W_OK | os.X_OK):
         raise DCPStudioError(f"cannot write {dst}: the directory is not writable")
@@ -171,6 +172,8 @@ def atomic_into(dst: Path, *, overwrite: bool, keep: Path) -> Iterator[Path]:
         old = dst / ".metadata"
         if old.exists() or old.is_symlink():
             old.unlink()
+            for name in set(sidecars) - set(names):  # an earlier checkpoint's manifest would describe it
+                (dst / name).unlink(missing_ok=True)
             _fsync_dir(dst)
         for name in names:
             if name == ".metadata":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-__all__ = ["BLOCK_BUDGET", "WINDOW_BUDGET", "blocks", "box_slices", "strided_pieces"]
+__all__ = ["BLOCK_BUDGET", "WINDOW_BUDGET", "blocks", "box_slices", "run_blocks", "strided_pieces"]
 
 BLOCK_BUDGET = 32 << 20
 """Bytes per block of a streamed computation: per-block costs vanish, a few blocks fit anywhere.
@@ -47,6 +47,46 @@ def blocks(shape: Sequence[int], itemsize: int, budget: int) -> Iterator[tuple[l
         for start in range(0, shape[split], per):
             n = min(per, shape[split] - start)
             yield [*outer, start, *[0] * (dims - split - 1)], [*[1] * split, n, *shape[split + 1 :]]
+
+
+def run_blocks(
+    shape: Sequence[int], itemsize: int, start: int, stop: int, budget: int
+) -> Iterator[tuple[list[int], list[int]]]:
+    """Boxes ``(offsets, sizes)`` that tile the row-major elements ``[start, stop)`` of a tensor of
+    ``shape`` in order, each a contiguous run of at most ``budget`` bytes (or one element): a
+    16 MiB piece of a tensor's canonical bytes, which need not start or end on a row, read box by
+    box from the chunks that hold it."""
+    for offsets, sizes in _run_boxes(tuple(shape), start, stop):
+        for o, s in blocks(sizes, itemsize, budget):  # runs of a run of the tensor: runs of it
+            yield [a + b for a, b in zip(offsets, o, strict=True)], s
+
+
+def _run_boxes(shape: tuple[int, ...], start: int, stop: int) -> Iterator[tuple[list[int], list[int]]]:
+    """At most ``2 * len(shape) - 1`` boxes tiling the elements ``[start, stop)``, in order."""
+    if start >= stop:
+        return
+    if not shape:
+        yield [], []
+        return
+    inner = 1
+    for n in shape[1:]:
+        inner *= n
+    first, head = divmod(start, inner)
+    last, tail = divmod(stop, inner)
+    rest = shape[1:]
+    if first == last:  # within one index of the first dimension
+        for o, s in _run_boxes(rest, head, tail):
+            yield [first, *o], [1, *s]
+        return
+    if head:
+        for o, s in _run_boxes(rest, head, inner):
+            yield [first, *o], [1, *s]
+        first += 1
+    if last > first:
+        yield [first, *[0] * len(rest)], [last - first, *rest]
+    if tail:
+        for o, s in _run_boxes(rest, 0, tail):
+            yield [last, *o], [1, *s]
 
 
 def strided_pieces(sizes: Sequence[int], strides: Sequence[int], reach: int) -> Iterator[tuple[list[int], list[int]]]:

@@ -12,6 +12,7 @@ import torch
 
 from dcpstudio.core.errors import DCPStudioError, DestinationExistsError
 from dcpstudio.core.ops.convert.convert import convert, dcp_to_torch_save, torch_save_to_dcp
+from dcpstudio.core.ops.integrity import check_path
 from tests.conftest import assert_same, leftovers, rich_state_dict
 
 
@@ -67,6 +68,9 @@ def test_a_dcp_written_into_the_folder_of_its_source_file(rich_pt: Path) -> None
     convert(folder / "other.pt", folder, to="dcp", overwrite=True)  # --overwrite replaces the DCP's files only
     assert {k: v for k, v in snapshot(folder).items() if k in before} == before
     assert_same({"w": torch.arange(3.0)}, load_dcp(folder))
+    # the earlier DCP's manifest goes with it: it would describe files that are no longer its
+    convert(folder / "other.pt", folder, to="dcp", overwrite=True, manifest=False, for_ranks=2)
+    assert not (folder / "dcpstudio-manifest.json").exists() and check_path(folder).whole
     assert leftovers(folder) == []
 
 

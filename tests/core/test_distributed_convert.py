@@ -248,4 +248,7 @@ def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RANK", "0")
     assert main(["torch_to_dcp", str(source), str(tmp_path / "d")]) == 2
     assert "under torchrun use `convert" in capsys.readouterr().err
+    assert main(["convert", str(source), str(tmp_path / "d"), "--for-ranks", "2"]) == 2  # under torchrun
+    err = capsys.readouterr().err
+    assert "--for-ranks (resharding) runs on one process" in err and len(err.splitlines()) == 1
     assert os.listdir(tmp_path) == []

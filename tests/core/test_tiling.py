@@ -113,6 +113,13 @@ def test_same_volume_overlap_and_gap() -> None:
         check_tiling((2, 2), boxes, "t")
 
 
+def test_empty_shards_of_an_empty_tensor_tile_it() -> None:
+    """A (0, 4) tensor sharded along dim 1 over 4 ranks: 4 empty regions (`--for-ranks 4 --layout shard1`)."""
+    check_tiling((0, 4), [((0, c), (0, 1)) for c in range(4)], "t")
+    with pytest.raises(CorruptCheckpointError, match="outside"):
+        check_tiling((0, 4), [((0, 0), (0, 2)), ((0, 3), (0, 2))], "t")
+
+
 def test_refuses_non_integers_and_huge_values() -> None:
     with pytest.raises(CorruptCheckpointError, match="not integers"):
         check_tiling((4,), [((0,), (2,)), ((2.0,), (2,))], "t")

@@ -3,7 +3,8 @@ from ``--from`` ranks (matrices ``Shard(0)``, vectors replicated), then for each
 layout, mesh):
 
 * ``reshard``: ``dcpstudio convert SRC DST --for-ranks N --layout L [--mesh M]`` (the whole command,
-  start-up included, and its peak RSS);
+  start-up included, and its peak RSS), with its manifest (read back from the written chunks) and
+  with ``--no-manifest``;
 * ``torch load+save``: torch's own way to a copy laid out for N ranks -- ``dcp.load`` on N ranks
   from the original into DTensors of the layout, then ``dcp.save`` of them (the anchor): the two
   calls in the slowest rank, and the whole launch (start-up, imports, process group) beside;
@@ -14,7 +15,10 @@ layout, mesh):
 Rounds alternate the contenders; figures are medians. The machine is shared: the load average is
 printed before and after.
 
-    python tests/perf/bench_reshard.py [--size 512MiB] [--from 3] [--rounds 3]
+    python tests/perf/bench_reshard.py [--size 512MiB] [--from 3] [--rounds 3] [--reshard-only]
+
+``--reshard-only``: the two ``reshard`` contenders alone (no torch anchor, no loads), and a third
+target, ``shard1`` on 3 ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = [(2, "shard0", None), (4, "fsdp", "2x2")]
+WORST = [(3, "shard1", None)]  # every row in every rank's file: the manifest's pieces read back at the end
 COMMAND = [  # `dcpstudio convert`, whole, printing its peak RSS (KiB) last on stderr
     sys.executable,
     "-c",
@@ -98,6 +103,7 @@ def main() -> int:
     parser.add_argument("--size", default="512MiB")
     parser.add_argument("--from", dest="source_ranks", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reshard-only", action="store_true", help="with and without the manifest, no torch runs")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import shutil
@@ -111,20 +117,25 @@ def main() -> int:
         t0 = time.perf_counter()
         launch(save_rank, (str(src), parse_size(args.size)), nprocs=args.source_ranks, timeout=1200)
         print(f"source: dcp.save from {args.source_ranks} ranks in {time.perf_counter() - t0:.1f} s")
-        for n, layout, mesh_text in TARGETS:
+        for n, layout, mesh_text in TARGETS + (WORST if args.reshard_only else []):
             mesh = tuple(int(x) for x in mesh_text.split("x")) if mesh_text else (n,)
             rows: dict[str, list[dict[str, Any]]] = {}
             dst, ref = Path(tmp) / f"r{n}", Path(tmp) / f"t{n}"
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 shutil.rmtree(dst, ignore_errors=True)
                 shutil.rmtree(ref, ignore_errors=True)
                 cmd = [*COMMAND, str(src), str(dst), "--for-ranks", str(n), "--layout", layout, "-q"]
-                t0 = time.perf_counter()
-                done = subprocess.run(
-                    [*cmd, *(["--mesh", mesh_text] if mesh_text else [])], check=True, capture_output=True, text=True
-                )
-                peak = int(done.stderr.split()[-1]) << 10
-                rows.setdefault("reshard", []).append({"time": time.perf_counter() - t0, "peak": peak})
+                cmd += ["--mesh", mesh_text] if mesh_text else []
+                pair: list[tuple[str, list[str]]] = [("reshard", []), ("--no-manifest", ["--no-manifest"])]
+                for name, extra in pair if round_ % 2 == 0 else pair[::-1]:
+                    shutil.rmtree(dst, ignore_errors=True)
+                    subprocess.run(["sync"], check=True)
+                    t0 = time.perf_counter()
+                    done = subprocess.run([*cmd, *extra], check=True, capture_output=True, text=True)
+                    peak = int(done.stderr.split()[-1]) << 10
+                    rows.setdefault(name, []).append({"time": time.perf_counter() - t0, "peak": peak})
+                if args.reshard_only:
+                    continue
                 anchor = _load(src, n, layout, mesh, save=str(ref))
                 rows.setdefault("torch load+save", []).append(
                     {"time": anchor["load"] + anchor["save"], "wall": anchor["wall"]}

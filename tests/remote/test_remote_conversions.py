@@ -258,3 +258,14 @@ def test_a_stream_dropped_every_time_fails_on_one_line(
     assert elapsed < 30 and not list(out.iterdir())
     gets = [g for g in server.gets(path) if g.path == path]
     print(f"{store}: stream dropped every time: {len(gets)} GETs, {elapsed:.1f} s: {message}")
+
+
+def test_a_layout_for_ranks_is_refused_for_an_upload_in_one_line(bucket: str, tmp_path: Path, s3: Any) -> None:
+    """--for-ranks streams a chunk's bytes and fills its archive's CRC in before them: an upload
+    cannot seek back, so a remote destination is refused before anything is uploaded (it failed
+    midway with "seek")."""
+    src = tmp_path / "m.pt"
+    torch.save(STATE, src)
+    result = run_cli("convert", src, f"s3://{bucket}/out/r2", "--for-ranks", "2")
+    assert "--for-ranks writes each chunk's archive" in one_line_error(result)
+    assert not s3.ls(f"{bucket}/", detail=False)

@@ -4,7 +4,9 @@ per rank (``__R_0.distcp``) holding that rank's chunks, each tensor's chunks lis
 
 What goes into which file is the caller's choice (:mod:`dcpstudio.core.ops.convert.reshard` lays a
 checkpoint out for a target world size); this module only writes the files it is given, in order,
-each fsynced, and the ``.metadata`` last. No torch is imported.
+each fsynced, and the ``.metadata`` last -- after the manifest, when a :class:`Watch` computes one
+from the bytes written (its tensors' pieces lie in several files, so what reads them back is the
+caller's: it knows the layout). No torch is imported.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...dtypes import DType
 from ...io.files import abandon, create_file, sync_file
 from ...io.raw import FileRange
 from ...pickles.refs import Size
+from ..manifest import Manifest
 from ..torchsave.writer import write_tensor_archive
 from .files import _record, check_tiling, storage_info, write_metadata
 
-__all__ = ["ItemData", "StoredItem", "rank_file", "write_ranked_dcp"]
+__all__ = ["ItemData", "StoredItem", "Watch", "rank_file", "write_ranked_dcp"]
 
 
 def rank_file(rank: int) -> str:
@@ -43,6 +46,19 @@ ItemData = bytes | FileRange | Iterator[bytes | bytearray | memoryview]
 """A value's whole torch.save archive; a chunk's row-major bytes copied from a file, or streamed."""
 
 
+class Watch(Protocol):
+    """What follows the bytes as they are written, for a manifest: told of each data file when it
+    is created and of each item once its bytes are in the file (``data_at``: where a chunk's
+    elements start; ``f`` holds them, not yet flushed), then asked for the manifest once every data
+    file is fsynced."""
+
+    def file(self, path: Path) -> None: ...
+
+    def written(self, item: StoredItem, file_name: str, data_at: int, f: Any) -> None: ...
+
+    def manifest(self) -> Manifest: ...
+
+
 def write_ranked_dcp(
     directory: Path,
     files: Sequence[tuple[str, Iterable[tuple[StoredItem, ItemData]]]],
@@ -52,30 +68,36 @@ def write_ranked_dcp(
     checkpoint_id: str,
     label: str,
     on_item: Callable[[StoredItem], None],
+    watch: Watch | None = None,
 ) -> None:
     """Write the data files ``files`` -- each a name and its items with their data, in order --
     into the new directory ``directory``, then a ``.metadata`` for the entries ``paths`` (every one
     written; ``tensors`` gives each tensor's dtype and shape, the others are values). Each
-    tensor's chunks must tile it. ``on_item`` is called after each item (it may raise to cancel)."""
+    tensor's chunks must tile it. ``on_item`` is called after each item (it may raise to cancel).
+    With ``watch``, its manifest is written before ``.metadata``."""
     directory.mkdir()
     storage_data: dict[Any, Any] = {}
     chunks: dict[str, list[Any]] = {fqn: [] for fqn in tensors}
     for file_name, items in files:
         f = create_file(directory / file_name)
         try:
+            if watch is not None:
+                watch.file(directory / file_name)
             for item, data in items:
-                offset = f.tell()
+                offset = at = f.tell()
                 if item.offsets is None:
                     assert isinstance(data, bytes)
                     f.write(data)
                     index = _record("MetadataIndex", fqn=item.fqn, index=None)
                 else:
                     dtype, _ = tensors[item.fqn]
-                    write_tensor_archive(f, dtype, item.sizes, data, label=f"{label} ({item.fqn})")
+                    at = write_tensor_archive(f, dtype, item.sizes, data, label=f"{label} ({item.fqn})")
                     found = chunks[item.fqn]
                     index = _record("MetadataIndex", fqn=item.fqn, index=len(found), offset=Size(item.offsets))
                     found.append(_record("ChunkStorageMetadata", offsets=Size(item.offsets), sizes=Size(item.sizes)))
                 storage_data[index] = storage_info(file_name, offset, f.tell() - offset)
+                if watch is not None:
+                    watch.written(item, file_name, at, f)
                 on_item(item)
             sync_file(f)
         except BaseException:
@@ -93,4 +115,5 @@ def write_ranked_dcp(
         state_dict_metadata[fqn] = _record(
             "TensorStorageMetadata", properties=props, size=Size(shape), chunks=chunks[fqn]
         )
-    write_metadata(directory, state_dict_metadata, dict(paths), storage_data, checkpoint_id)
+    manifest = watch.manifest() if watch is not None else None
+    write_metadata(directory, state_dict_metadata, dict(paths), storage_data, checkpoint_id, manifest)

@@ -65,7 +65,7 @@ def check_tiling(shape: Sequence[int], boxes: Sequence[Box], label: str) -> None
     if total != numel:
         how = "overlap" if total > numel else "leave gaps"
         raise CorruptCheckpointError(f"{label}: its chunks {how} (they hold {total} of {numel} elements)")
-    if len(boxes) < 2 or not dims:
+    if len(boxes) < 2 or not dims or not numel:  # empty boxes inside an empty tensor tile it
         return
     assert arrays is not None  # a value past int64 lies outside every shape that passed
     if not _vanishes(shape, *arrays, label):

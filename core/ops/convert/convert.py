@@ -312,6 +312,8 @@ def convert(
     if target != "dcp" and (files is not None or max_file_size is not None):
         raise ValueError("--files and --max-file-size apply to --to dcp only")
     rank_mesh = check_rank_options(target, for_ranks, layout, mesh, files, max_file_size)
+    if rank_mesh is not None and writers is not None:  # its writer is its own: planning it would write
+        raise ValueError("--for-ranks (resharding) runs on one process: not on ranks (--ranks, torchrun)")
     if files is not None and files < 1:
         raise ValueError("files must be at least 1")
     file_limit = parse_size(max_file_size) if isinstance(max_file_size, str) else max_file_size

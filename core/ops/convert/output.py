@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ...errors import DCPStudioError, DestinationExistsError
 from ...formats.dcp.files import DCPItem, write_dcp
-from ...formats.manifest import METADATA_KEY, Manifest
+from ...formats.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
 from ...formats.readback import ReadBack
 from ...formats.torchsave.writer import archive_name
 from ...io.atomic import atomic_into, atomic_output, refuse_bucket
@@ -195,7 +195,7 @@ def output_context(
     if at is not None:
         return nullcontext(at)
     if source is not None and writes_into(source, dst, "dcp"):
-        return atomic_into(dst, overwrite=overwrite, keep=source)
+        return atomic_into(dst, overwrite=overwrite, keep=source, sidecars=(MANIFEST_FILE,))
     return atomic_output(dst, overwrite=overwrite)
 
 

@@ -13,13 +13,13 @@ DCP's metadata gives every chunk one place, so a shared region cannot be in ever
 Chunks are read from the source in bands of at most :data:`BAND` bytes (a region of any size is
 streamed, the next band read while the current one is written) and their CRC computed as they
 pass; a region that is a whole tensor lying verbatim in a source file is copied in the kernel.
+The output's manifest is read back from the chunks written (:mod:`.reshard_manifest`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +27,17 @@ from typing import Any
 
 from ...checkpoints import Checkpoint
 from ...dtypes import DType
-from ...errors import UnsupportedFormatError
+from ...errors import DCPStudioError, UnsupportedFormatError
 from ...formats.dcp.ranked import ItemData, StoredItem, rank_file, write_ranked_dcp
 from ...formats.torchsave.writer import write_archive
-from ...io.atomic import atomic_into, atomic_output
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange
 from ...pickles.refs import TensorRef
 from ...pickles.tensor_io import to_bytes
 from ...progress import Reporter
 from .layouts import LAYOUTS, parse_mesh, target_chunks
-from .output import io_error, writes_into
+from .output import io_error, output_context
+from .reshard_manifest import RankedReadBack
 from .transform import Transform
 
 __all__ = ["BAND", "RankedEntry", "bands", "check_rank_options", "plan_files", "to_ranks", "write_for_ranks"]
@@ -178,11 +178,13 @@ def write_for_ranks(
     layout: str,
     mesh: Sequence[int],
     source: Any = None,
+    manifest: bool = True,
 ) -> None:
     """Write ``entries`` of ``ckpt`` at ``dst`` as a DCP laid out for ``layout`` on ``mesh`` (its
     product the world size): ``__R_0.distcp`` per rank that stores something, ``.metadata`` last,
-    into an atomic temporary (into ``dst`` beside ``source`` when
-    :func:`~.output.writes_into` says so)."""
+    into an atomic temporary (into ``dst`` beside ``source`` when :func:`~.output.writes_into` says
+    so: :func:`~.output.output_context`). With ``manifest`` (a local ``dst``), the output's
+    ``dcpstudio-manifest.json`` is computed from the bytes written (:mod:`.reshard_manifest`)."""
     by_name = {e.fqn: e for e in entries}
     files = plan_files(entries, layout, mesh)
     reporter.total_items = sum(map(len, files))
@@ -197,17 +199,19 @@ def write_for_ranks(
         reporter.advance(nbytes, current=item.fqn)
 
     try:
-        into = source is not None and writes_into(source, dst, "dcp")
-        out = atomic_into(dst, overwrite=overwrite, keep=source) if into else atomic_output(dst, overwrite=overwrite)
-        with _one_torch_thread(), out as tmp:
+        out = output_context(dst, overwrite, source=source)
+        written = [(rank_file(r), items) for r, items in enumerate(files) if items]
+        watch = RankedReadBack([items for _, items in written], tensors, reporter.check) if manifest else None
+        with _one_torch_thread(), out as tmp, watch or contextlib.nullcontext():
             write_ranked_dcp(
                 tmp,
-                [(rank_file(r), _Items(ckpt, by_name, items, reporter)) for r, items in enumerate(files) if items],
+                [(name, _Items(ckpt, by_name, items, reporter)) for name, items in written],
                 tensors,
                 {e.fqn: e.path for e in entries},
                 checkpoint_id=str(dst),
                 label=str(ckpt.path),
                 on_item=on_item,
+                watch=watch,
             )
     except OSError as e:
         raise io_error(dst, e) from e
@@ -246,9 +250,14 @@ def to_ranks(
     manifest: bool = True,
 ) -> tuple[str, ...]:
     """:func:`write_for_ranks` for a conversion's plan (entries with ``fqn``, ``path``, ``tensor``,
-    ``value``), cast as ``transform`` casts; the notes for the user. No manifest is written (its
-    records are of whole tensors, streamed in order, which a rank's chunks are not): said, when
-    one was asked for."""
+    ``value``), cast as ``transform`` casts, with a manifest unless ``manifest`` is False; the
+    notes for the user (none). A remote destination is refused: a chunk streamed in bands has its
+    archive's CRC filled in after its bytes, which an upload cannot seek back to."""
+    if not isinstance(dst, Path):
+        raise DCPStudioError(
+            f"{dst}: --for-ranks writes each chunk's archive and then its CRC before it, which an upload cannot "
+            "(no seeking back); write to a local or shared filesystem and copy the folder"
+        )
     obj = getattr(ckpt, "obj", None)
     if ckpt.format == "torch" and obj is not None and not isinstance(obj, dict):
         raise UnsupportedFormatError(
@@ -259,9 +268,8 @@ def to_ranks(
         dtype = ckpt.entries[e.fqn].dtype if e.tensor is not None else None
         cast = transform.cast_of(dtype) if dtype is not None else None
         entries.append(RankedEntry(e.fqn, e.path, e.tensor, e.value, cast))
-    write_for_ranks(ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path)
-    if not manifest or not isinstance(dst, Path):  # remote outputs carry none anyway
-        return ()
-    note = f"{dst}: no manifest written (--for-ranks outputs carry none); `dcpstudio verify SRC DST` checks the values"
-    warnings.warn(note, stacklevel=3)
-    return (note,)
+    write_for_ranks(
+        ckpt, entries, dst, overwrite, reporter, layout=layout or "shard0", mesh=mesh, source=ckpt.path,
+        manifest=manifest,
+    )  # fmt: skip
+    return ()
