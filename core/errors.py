@@ -95,5 +95,10 @@ class ExpansionError(DCPStudioError):
         self.stored = stored
 
 
+class LimitError(DCPStudioError):
+    """The system refused what the operation needs (open descriptors): no fault of the checkpoint,
+    so a check reports it as an error, not as a finding."""
+
+
 class CancelledError(DCPStudioError):
     """The operation was cancelled through its cancel token; nothing was left behind."""

@@ -6,17 +6,24 @@ blocks a reader forever. Every such name goes through :func:`open_member`: relat
 inside the checkpoint directory after symlinks are resolved, a regular file -- checked on the open
 descriptor, which is opened without blocking. :func:`open_regular` does the last part for a path the
 user gave.
+
+A checkpoint saved by a thousand ranks or more keeps that many data files open while it is read;
+the usual soft limit of descriptors is 1,024, so a failed open for lack of descriptors raises the
+process's soft limit toward its hard one (:func:`more_descriptors`) and tries again, and says what
+to do when that cannot help.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import resource
 import stat
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO
 
-from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from ..errors import CorruptCheckpointError, LimitError, UnsupportedFormatError
 from ..units import human_bytes
 from .remote.locations import RemoteFile, RemotePath, RemoteWriter
 
@@ -25,6 +32,7 @@ __all__ = [
     "create_file",
     "file_size",
     "member_path",
+    "more_descriptors",
     "open_member",
     "open_regular",
     "read_regular",
@@ -40,10 +48,21 @@ def open_regular(path: Path | RemotePath, label: str | None = None) -> IO[bytes]
     label = label or str(path)
     if isinstance(path, RemotePath):
         return path.open_read(label)  # type: ignore[return-value]
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno != errno.EMFILE or not more_descriptors():
+                raise
+            fd = os.open(path, flags)
     except OSError as e:
-        raise UnsupportedFormatError(f"{label}: cannot open ({e.strerror or e})") from e
+        why = e.strerror or str(e)
+        if e.errno == errno.EMFILE:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            why += f": {soft} descriptors at most, each data file of a checkpoint takes one; raise it (ulimit -n)"
+            raise LimitError(f"{label}: cannot open ({why})") from e
+        raise UnsupportedFormatError(f"{label}: cannot open ({why})") from e
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -55,6 +74,19 @@ def open_regular(path: Path | RemotePath, label: str | None = None) -> IO[bytes]
     except BaseException:
         os.close(fd)
         raise
+
+
+def more_descriptors() -> bool:
+    """Doubles the soft limit of open descriptors, up to the hard limit; whether it rose."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = soft * 2 if hard == resource.RLIM_INFINITY else min(hard, soft * 2)
+    if want <= soft:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def read_regular(path: Path | RemotePath, limit: int, label: str | None = None) -> bytes:

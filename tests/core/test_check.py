@@ -121,3 +121,38 @@ def test_a_zstd_frame_cut_short_is_named(tmp_path: Path) -> None:
     report = check_path(path)
     assert _named(report, c.file, "model.w")
     assert [f.entry for f in report.findings] == ["model.w"]
+
+
+def test_a_checkpoint_of_more_files_than_descriptors(tmp_path: Path) -> None:
+    """A DCP of 300 data files (as 300 ranks save it) checked under a soft limit of descriptors
+    below that: the limit is raised toward the hard one and the check passes; with the hard limit
+    as low too (in a child: a lowered hard limit cannot be raised back), one line saying so."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc/self/fd")
+    pt = tmp_path / "m.pt"
+    torch.save({"w": torch.randn(300, 2)}, pt)
+    convert(pt, tmp_path / "r", for_ranks=300, manifest=False)
+    assert len(list((tmp_path / "r").glob("*.distcp"))) == 300
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"a hard limit of {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 100, hard))
+    try:
+        report = check_path(tmp_path / "r")
+        assert report.whole and report.files == 300, report.text()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > len(os.listdir("/proc/self/fd")) + 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    child = (
+        "import resource, sys; from dcpstudio.cli.main import main; resource.setrlimit(resource.RLIMIT_NOFILE, "
+        "(120, 120)); sys.exit(main(['check', sys.argv[1]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "r")], capture_output=True, text=True)
+    assert done.returncode == 1, done  # an error, as for any checkpoint that does not open
+    assert "ulimit -n" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

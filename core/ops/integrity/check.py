@@ -23,7 +23,7 @@ from ...checkpoints.dcp.checkpoint import DCPCheckpoint
 from ...checkpoints.model import relative
 from ...checkpoints.opening import Checkpoint, open_checkpoint
 from ...checkpoints.stored import check_entry, data_file_size, listed_chunks, stored_ranges
-from ...errors import CancelledError, DCPStudioError
+from ...errors import CancelledError, DCPStudioError, LimitError
 from ...formats.detect import detect_format
 from ...formats.safetensors import read_safetensors_header, safetensors_files
 from ...io.remote.locations import as_location
@@ -157,6 +157,8 @@ def _check_layout(ckpt: DCPCheckpoint, report: CheckReport) -> None:
     for name, items in sorted(ranges.items()):
         try:
             size = data_file_size(ckpt, name)
+        except LimitError:
+            raise
         except DCPStudioError:
             continue  # named by every entry stored in it
         at = 0
@@ -242,7 +244,7 @@ def check(
                 bad = [f"{n} {what}" for n, what in ((c.nan, "NaN"), (c.inf, "Inf")) if n]
                 if bad:
                     report.findings.append(Finding(_file_of(ckpt, fqn), fqn, " and ".join(bad) + " values"))
-        except CancelledError:
+        except (CancelledError, LimitError):
             raise
         except (DCPStudioError, ValueError, OSError) as e:
             file = _file_of(ckpt, fqn)
@@ -355,7 +357,7 @@ def _check_path(
             return report
     try:
         ckpt = open_checkpoint(p, trust_pickle=trust_pickle, fmt=fmt)
-    except CancelledError:
+    except (CancelledError, LimitError):
         raise
     except DCPStudioError as e:
         return CheckReport(str(p), fmt, findings=[Finding("", "", _what(e))])
