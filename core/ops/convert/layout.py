@@ -32,11 +32,13 @@ from typing import Any
 
 from ...errors import CorruptCheckpointError
 from ...io.crc import crc32_combine
+from ...io.direct import Block, DirectWriter
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange, Hole, pread_into
 from ...pickles.refs import TensorRef
 from ...pickles.tensor_io import materialize, to_bytes
 from .output import Target, Writers, write_dcp_output, write_safetensors_output, write_torch_save_output
+from .computed import CastReader, castable, direct_writer
 from .replay import Replay
 from .transform import _Cast
 
@@ -285,18 +287,33 @@ def write_pieces(
     ``(hole, start, crc)`` per piece (crc 0 when the layout needs none). ``advance(n)`` after each
     block; ``check()`` may raise to stop."""
     source = _Source()
+    casts = CastReader()
     fds: dict[str, int] = {}
+    direct: dict[str, DirectWriter] = {}
     out: list[tuple[int, int, int]] = []
+    for p in pieces:  # opened here: the blocks are made on another thread
+        name = layout.holes[p.hole][0]
+        if name not in fds:
+            path = root / name if name else root
+            fds[name] = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            if any(castable(layout.sources[q.hole]) and layout.holes[q.hole][0] == name for q in pieces):
+                direct[name] = direct_writer(path, fds[name])
 
     def blocks() -> Iterator[tuple[Piece, int, int]]:
         for p in pieces:
             for s in range(p.start, p.end, GRAIN):
                 yield p, s, min(p.end, s + GRAIN)
 
-    def produce(block: tuple[Piece, int, int]) -> FileRange | memoryview:
+    def produce(block: tuple[Piece, int, int]) -> FileRange | memoryview | Block:
         check()
         p, s, e = block
-        data = source.bytes(layout.sources[p.hole], s, e)
+        t = layout.sources[p.hole]
+        name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
+        if name in direct and castable(t):  # computed into the block that is written
+            made = direct[name].block(offset + s, e - s)
+            casts.fill(t, s, e, made.view)
+            return made
+        data = source.bytes(t, s, e)
         if isinstance(data, FileRange) and (layout.crc or not isinstance(data.fd, int)):
             data = _read(data)
         return data
@@ -305,12 +322,16 @@ def write_pieces(
         crc = 0
         for (p, s, e), data in prefetch(produce, blocks()):
             name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
-            fd = fds.get(name)
-            if fd is None:
-                fd = fds[name] = os.open(root / name if name else root, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = fds[name]
             if isinstance(data, FileRange) and not _kernel_copy(data, fd, offset + s):
                 data = _read(data)
-            if not isinstance(data, FileRange):
+            if isinstance(data, Block):
+                if data.nbytes != e - s:
+                    raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
+                if layout.crc:
+                    crc = zlib.crc32(data.view, crc if s > p.start else 0)
+                direct[name].write(data)
+            elif not isinstance(data, FileRange):
                 if data.nbytes != e - s:
                     raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
                 if layout.crc:
@@ -323,6 +344,8 @@ def write_pieces(
         for fd in fds.values():
             os.fsync(fd)
     finally:
+        for w in direct.values():
+            w.close()
         for fd in fds.values():
             os.close(fd)
     return out

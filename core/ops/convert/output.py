@@ -29,6 +29,7 @@ from ...io.remote.locations import RemotePath
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
+from .computed import castable
 from .transform import Transform
 from .writers import write_safetensors_file, write_torch_save_file
 
@@ -305,9 +306,13 @@ def write_safetensors_output(
     ``at``: as for :func:`write_torch_save_output`."""
     _no_manifest(payload, manifest, reader)
 
-    def produce(item: tuple[str, TensorRef]) -> Payload | Hole:
+    def produce(item: tuple[str, TensorRef]) -> Payload | Hole | TensorRef:
         reporter.check()
-        return payload(item[1]) if payload else tensor_bytes(item[1], need_crc=False)
+        if payload:
+            return payload(item[1])
+        if not isinstance(dst, RemotePath) and castable(item[1]):
+            return item[1]  # a cast: computed block by block as it is written
+        return tensor_bytes(item[1], need_crc=False)
 
     try:
         with output_context(dst, overwrite, at) as tmp:
