@@ -110,7 +110,7 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
     options = _options(args, mapping, to)
     start = time.monotonic()
     if args.ranks is not None:
-        from dcpstudio.core.ranks.convert import run_convert
+        from dcpstudio.core.ranks.convert import LIGHT, run_convert
 
         bar = RanksProgress(args.ranks) if not args.quiet else None
         try:
@@ -119,6 +119,7 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
                 args.dst,
                 ranks=args.ranks,
                 timeout=args.timeout,
+                preload=LIGHT,  # one launch in this process: its ranks import torch only if they need it
                 on_progress=(lambda p: bar.update(p.rank, p.fraction)) if bar is not None else None,
                 **options,
             )
