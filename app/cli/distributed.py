@@ -119,7 +119,9 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
                 args.dst,
                 ranks=args.ranks,
                 timeout=args.timeout,
-                preload=LIGHT,  # one launch in this process: its ranks import torch only if they need it
+                # one launch in this process: its ranks import torch only if they need it (a process
+                # that launches again keeps torch in the fork server)
+                preload=LIGHT if getattr(args, "process_is_command", False) else None,
                 on_progress=(lambda p: bar.update(p.rank, p.fraction)) if bar is not None else None,
                 **options,
             )
