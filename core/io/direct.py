@@ -15,13 +15,14 @@ file coherent, and an ``fsync`` of either descriptor makes both durable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import threading
 from pathlib import Path
 
-__all__ = ["ALIGN", "Block", "DirectWriter"]
+__all__ = ["ALIGN", "Block", "DirectWriter", "pwrite_all"]
 
 ALIGN = 4096  # a multiple of every logical block size and DMA alignment O_DIRECT asks for here
 _REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
@@ -41,7 +42,8 @@ class Block:
         self.view = memoryview(buf)[self._skew : self._skew + nbytes]
 
 
-def _pwrite(fd: int, data: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """All of ``data`` at ``offset`` of ``fd`` (``pwrite`` may write less)."""
     while data.nbytes:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
@@ -92,16 +94,16 @@ class DirectWriter:
             body = (n - head) // ALIGN * ALIGN
             if self._direct is not None and body:
                 try:
-                    _pwrite(self._direct, view[head : head + body], offset + head)
+                    pwrite_all(self._direct, view[head : head + body], offset + head)
                 except OSError as e:
                     if e.errno not in _REFUSED:
                         raise
                     self._close_direct()  # this filesystem takes the open, not the write
-                    _pwrite(self._fd, view[head : head + body], offset + head)
-                _pwrite(self._fd, view[:head], offset)
-                _pwrite(self._fd, view[head + body :], offset + head + body)
+                    pwrite_all(self._fd, view[head : head + body], offset + head)
+                pwrite_all(self._fd, view[:head], offset)
+                pwrite_all(self._fd, view[head + body :], offset + head + body)
             else:
-                _pwrite(self._fd, view, offset)
+                pwrite_all(self._fd, view, offset)
         finally:
             with self._lock:
                 if len(self._free) < self._keep:
@@ -118,10 +120,8 @@ class DirectWriter:
         with self._lock:
             buffers, self._all, self._free = self._all, [], []
         for buf in buffers:
-            try:
+            with contextlib.suppress(BufferError):  # a view still exported (an error path): freed with it
                 buf.close()
-            except BufferError:  # a view still exported (an error path): freed with the object
-                pass
 
     def __enter__(self) -> DirectWriter:
         return self

@@ -51,9 +51,9 @@ from ..ops.convert.layout import (
     lay_out,
     overlay,
     split_by_bytes,
-    write_pieces,
 )
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
+from ..ops.convert.pieces import write_pieces
 from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, span_digests
 from ..progress import CancelToken, Progress, ProgressCallback
 from .group import Group, TorchGroup

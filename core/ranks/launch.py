@@ -30,7 +30,17 @@ from ..errors import CancelledError, DCPStudioError
 from ..progress import CancelToken
 from .group import Group, PipeGroup, TorchGroup
 
-__all__ = ["DEFAULT_PRELOAD", "PIPES", "LaunchError", "RankProgress", "free_port", "launch", "prestart", "rank_group", "startup_seconds"]
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "PIPES",
+    "LaunchError",
+    "RankProgress",
+    "free_port",
+    "launch",
+    "prestart",
+    "rank_group",
+    "startup_seconds",
+]
 
 PIPES = "pipes"
 """The backend of ranks linked by pipes (:class:`~.group.PipeGroup`): no torch, no process group."""
