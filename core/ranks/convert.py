@@ -61,7 +61,6 @@ from .launch import PIPES
 
 __all__ = [
     "KILL_VARIABLE",
-    "LIGHT",
     "RankShare",
     "check_plan",
     "convert_on_ranks",
@@ -70,8 +69,6 @@ __all__ = [
     "run_convert",
 ]
 
-LIGHT = ("numpy",)
-"""The preload of ranks that may not need torch (``dcpstudio convert --ranks``: one launch per process)."""
 KILL_VARIABLE = "DCPSTUDIO_TEST_KILL_RANK"  # fault injection: that rank kills itself after its first block
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -373,14 +370,15 @@ def run_convert(
     conversion is planned here first, so a bad option or destination is refused before any rank
     starts (the ranks' fork server already starting meanwhile). The ranks are linked by pipes,
     not a torch process group. ``preload``: what their fork server imports (default: torch, for a
-    process that launches ranks again and again; a one-off command passes :data:`LIGHT`, and its
-    ranks import torch only if the conversion computes with it). The result, and each rank's share."""
+    process that launches ranks again and again; a one-off command passes
+    :data:`~.launch.LIGHT_PRELOAD`, and its ranks import torch only if the conversion computes with
+    it). The result, and each rank's share."""
     from .launch import DEFAULT_PRELOAD, launch, prestart
 
     if ranks < 1:
         raise ValueError("ranks must be at least 1")
     preload = DEFAULT_PRELOAD if preload is None else preload
-    prestart(convert_rank, preload)
+    prestart((*preload, __name__))
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
     check_plan(src_s, dst_s, options)

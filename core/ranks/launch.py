@@ -45,6 +45,8 @@ __all__ = [
 PIPES = "pipes"
 """The backend of ranks linked by pipes (:class:`~.group.PipeGroup`): no torch, no process group."""
 
+LIGHT_PRELOAD = ("numpy",)
+"""The preload of ranks that may not need torch (a command that launches once: ``convert --ranks``)."""
 DEFAULT_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
     "torch",
     "torch.distributed",
@@ -85,14 +87,14 @@ def rank_group() -> Group:
     return _group if _group is not None else TorchGroup()
 
 
-def prestart(fn: Any, preload: Sequence[str]) -> None:
-    """Start the fork server for ``fn``'s ranks now, so that its imports run while the caller
-    still plans; :func:`launch` with the same ``preload`` then forks from it (a server already
-    running keeps what it has)."""
+def prestart(preload: Sequence[str]) -> None:
+    """Start the fork server now, importing ``preload`` (name the ranks' function's module too),
+    so that its imports run while the caller still imports and plans; :func:`launch` then forks
+    from it (a server already running keeps what it has)."""
     if "forkserver" in mp.get_all_start_methods():
         from multiprocessing import forkserver
 
-        _context(fn, preload)
+        mp.get_context("forkserver").set_forkserver_preload(list(preload))
         forkserver.ensure_running()
 
 
