@@ -126,8 +126,9 @@ def main() -> None:
             }  # fmt: skip
             if args.baseline:
                 earlier = [args.baseline, "-m", "dcpstudio", "convert", str(src)]
+                ranks = [*extra, "--ranks", "2"]
                 contenders["earlier, 1 process"] = lambda dst, e=earlier, extra=extra: [*e, str(dst), *extra]
-                contenders["earlier --ranks 2"] = lambda dst, e=earlier, extra=extra: [*e, str(dst), *extra, "--ranks", "2"]
+                contenders["earlier --ranks 2"] = lambda dst, e=earlier, extra=ranks: [*e, str(dst), *extra]
             if case == "skewed":
                 anchor = root / "anchor.py"
                 anchor.write_text(TORCH_ANCHOR)
