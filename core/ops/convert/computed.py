@@ -13,6 +13,7 @@ write casts this way, so their bytes are the same by construction.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,10 +73,16 @@ class CastReader:
 
 
 def write_cast(
-    writer: DirectWriter, reader: CastReader, t: TensorRef, at: int, check: Callable[[], None] = lambda: None
-) -> None:
+    writer: DirectWriter,
+    reader: CastReader,
+    t: TensorRef,
+    at: int,
+    check: Callable[[], None] = lambda: None,
+    crc: bool = False,
+) -> int:
     """Write all of cast ``t``'s bytes at offset ``at`` of ``writer``'s file, the next block
-    computed while the current one is written; ``check()`` may raise to stop."""
+    computed while the current one is written; ``check()`` may raise to stop. Their CRC-32 with
+    ``crc`` (a ZIP record's), else 0."""
 
     def make(span: tuple[int, int]) -> Block:
         check()
@@ -87,8 +94,12 @@ def write_cast(
     unit = max(1, t.dtype.itemsize)
     step = BLOCK // unit * unit
     spans = [(s, min(t.nbytes, s + step)) for s in range(0, t.nbytes, step)]
+    value = 0
     for _, block in prefetch(make, spans):
+        if crc:
+            value = zlib.crc32(block.view, value)
         writer.write(block)
+    return value
 
 
 def direct_writer(path: Path, fd: int) -> DirectWriter:

@@ -228,10 +228,15 @@ def write_torch_save_output(
     for its manifest (a layout's stand-in, :class:`~.replay.Replay`, knows what the ranks computed)."""
     _no_manifest(payload, manifest, reader)
 
-    def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
+    def produce(item: tuple[str, StorageRef]) -> Payload | Hole | TensorRef:
         reporter.check()
         ref = item[1]
-        return payload(TensorRef(ref, ref.dtype, (ref.numel,), (1,))) if payload else storage_payload(ref)
+        whole = TensorRef(ref, ref.dtype, (ref.numel,), (1,))
+        if payload:
+            return payload(whole)
+        if not isinstance(dst, RemotePath) and castable(whole):
+            return whole  # a cast: computed block by block as it is written
+        return storage_payload(ref)
 
     try:
         with output_context(dst, overwrite, at) as tmp, create_file(tmp) as f:

@@ -7,6 +7,7 @@ for each tensor's digest and moments and the file's SHA-256 (:class:`...formats.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def write_safetensors_file(
         writer = SafetensorsWriter(f, specs, kept)
         for (name, t), data in prefetch(produce, shard):
             if isinstance(data, TensorRef):
-                casts.write(writer, name, data)
+                casts.write(partial(writer.reserve, name), data)
             elif isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
                 writer.reserve(name, data)
             elif isinstance(data, FileRange):
@@ -85,7 +86,7 @@ def _write_read_back(
         for (name, t), data in prefetch(produce, shard):
             at = f.tell()
             if isinstance(data, TensorRef):
-                casts.write(writer, name, data)
+                casts.write(partial(writer.reserve, name), data)
             elif isinstance(data, Hole):  # laid out: ``reader`` knows the digests the ranks computed
                 writer.reserve(name, data)
             elif isinstance(data, FileRange):
@@ -108,18 +109,20 @@ class _Casts:
     """A file's cast tensors, computed block by block and written past the page cache
     (:mod:`.computed`): one direct writer and one read buffer for all of them."""
 
-    def __init__(self, path: Path, f: Any, reporter: Reporter) -> None:
+    def __init__(self, path: Path | str, f: Any, reporter: Reporter) -> None:
         self._path, self._f, self._reporter = path, f, reporter
         self._writer: DirectWriter | None = None
         self._reader = CastReader()
 
-    def write(self, writer: SafetensorsWriter, name: str, t: TensorRef) -> None:
+    def write(self, reserve: Callable[[Hole], None], t: TensorRef, crc: bool = False) -> int:
+        """``t`` written where ``reserve`` places its hole (the format's place for it, skipped);
+        its CRC-32 with ``crc``."""
         hole = Hole(t.nbytes)
-        writer.reserve(name, hole)  # the header's place for it, skipped: written at its offset
+        reserve(hole)
         if self._writer is None:
             self._f.flush()
             self._writer = direct_writer(self._path, self._f.fileno())
-        write_cast(self._writer, self._reader, t, hole.placed[0][1], self._reporter.check)
+        return write_cast(self._writer, self._reader, t, hole.placed[0][1], self._reporter.check, crc)
 
     def __enter__(self) -> _Casts:
         return self
@@ -135,7 +138,7 @@ def write_torch_save_file(
     archive: str,
     obj: Any,
     tensors: Sequence[tuple[str, TensorRef]],
-    produce: Callable[[tuple[str, StorageRef]], Payload | Hole],
+    produce: Callable[[tuple[str, StorageRef]], Payload | Hole | TensorRef],
     reporter: Reporter,
     label: str,
     names: dict[int, str],
@@ -153,11 +156,13 @@ def write_torch_save_file(
         if t.storage is not None and t.is_contiguous():
             by_storage.setdefault(id(t.storage), []).append((fqn, t))
     manifest = Manifest() if path is not None else None
-    with reader() as back:
+    with reader() as back, _Casts(str(getattr(f, "name", "")), f, reporter) as casts:
         file = back.file(path) if path is not None else None
         for (key, ref), data in prefetch(produce, order):
             name = names.get(id(ref), key)
-            if isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
+            if isinstance(data, TensorRef):  # a cast, computed by blocks (a local file only)
+                writer.set_crc(key, casts.write(partial(writer.write_storage, key), data, crc=True))
+            elif isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
                 writer.write_storage(key, data)
             elif isinstance(data, FileRange):
                 writer.copy_storage(key, data, f"{label} ({name})")
