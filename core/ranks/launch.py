@@ -32,6 +32,7 @@ from .group import Group, PipeGroup, TorchGroup
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "LIGHT_PRELOAD",
     "PIPES",
     "LaunchError",
     "RankProgress",
@@ -56,7 +57,7 @@ DEFAULT_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the fe
     "dcpstudio.core.formats.dcp.planners",
 )
 _startup: float | None = None
-_group: Any = None
+_group: PipeGroup | None = None
 
 
 class LaunchError(DCPStudioError):
@@ -120,7 +121,7 @@ def _entry(
     launched_at: float,
     links: Sequence[Any] = (),
 ) -> None:
-    global _startup, _group
+    global _startup
     os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
     os.environ.update(env)
     os.environ.update(

@@ -102,6 +102,6 @@ def write_cast(
     return value
 
 
-def direct_writer(path: Path, fd: int) -> DirectWriter:
+def direct_writer(path: Path | str, fd: int) -> DirectWriter:
     """A writer of blocks up to :data:`BLOCK` into ``path`` (open as ``fd``)."""
     return DirectWriter(path, fd, BLOCK)
