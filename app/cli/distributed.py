@@ -110,6 +110,13 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
     options = _options(args, mapping, to)
     start = time.monotonic()
     if args.ranks is not None:
+        from dcpstudio.core.ranks.launch import LIGHT_PRELOAD, prestart
+
+        # one launch in this process: its ranks import torch only if they need it (a process that
+        # launches again keeps torch in the fork server); started first, to import beside this one
+        light = getattr(args, "process_is_command", False)
+        if light:
+            prestart((*LIGHT_PRELOAD, "dcpstudio.core.ranks.convert"))
         from dcpstudio.core.ranks.convert import run_convert
 
         bar = RanksProgress(args.ranks) if not args.quiet else None
@@ -119,6 +126,7 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
                 args.dst,
                 ranks=args.ranks,
                 timeout=args.timeout,
+                preload=LIGHT_PRELOAD if light else None,
                 on_progress=(lambda p: bar.update(p.rank, p.fraction)) if bar is not None else None,
                 **options,
             )

@@ -57,6 +57,7 @@ def _error(text: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.process_is_command = argv is None  # this process runs one command and ends (not a test, not a script)
     warnings.showwarning = _show_warning
     from dcpstudio.core.errors import CancelledError, DCPStudioError
 

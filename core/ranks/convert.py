@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -52,11 +52,14 @@ from ..ops.convert.layout import (
     lay_out,
     overlay,
     split_by_bytes,
-    write_pieces,
 )
 from ..ops.convert.output import ConversionResult, Target, Writers, output_context
+from ..ops.convert.pieces import write_pieces
 from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, span_digests
 from ..progress import CancelToken, Progress, ProgressCallback
+from .group import Group, TorchGroup
+from .launch import PIPES
+from .upload import refuse_store as refuse_remote  # a remote destination other than S3 (multipart uploads)
 
 __all__ = [
     "KILL_VARIABLE",
@@ -86,19 +89,9 @@ class _Failed(DCPStudioError):
     """A peer's error, raised on every rank after a collective that carried it."""
 
 
-def refuse_remote(dst: Any) -> None:
-    """A remote destination other than S3 is refused (S3: multipart uploads, :mod:`.upload`)."""
-    from .upload import refuse_store
-
-    refuse_store(dst)
-
-
-def _agree(error: str | None, value: Any) -> list[Any]:
+def _agree(group: Group, error: str | None, value: Any) -> list[Any]:
     """Every rank's ``value``, once no rank reported an ``error`` (else every rank raises it)."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (error, value))
+    gathered = group.all_gather((error, value))
     failed = [(r, e) for r, (e, _) in enumerate(gathered) if e is not None]
     if failed:
         r, e = failed[0]
@@ -158,14 +151,14 @@ def convert_on_ranks(
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     warn: bool = True,
+    group: Group | None = None,
 ) -> tuple[ConversionResult, RankShare]:
     """This rank's part of converting ``src`` to ``dst`` (``options`` as for ``convert``, plus
-    ``mapping`` and ``config`` as for ``map_convert``), in an initialised process group; every rank
-    calls it with the same arguments. ``progress`` reports this rank's bytes; ``warn``: rank 0
-    issues the conversion's warnings."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
+    ``mapping`` and ``config`` as for ``map_convert``) in ``group`` (default: torch's initialised
+    process group); every rank calls it with the same arguments. ``progress`` reports this rank's
+    bytes; ``warn``: rank 0 issues the conversion's warnings."""
+    group = group if group is not None else TorchGroup()
+    rank = group.rank
     started = time.monotonic()
     entered = False
     shares: list[RankShare] = []
@@ -173,7 +166,7 @@ def convert_on_ranks(
     def write(kind: Target, *args: Any, **kwargs: Any) -> None:
         nonlocal entered
         entered = True
-        shares.append(_write(Recorder(kind, args, kwargs), progress, cancel, started))
+        shares.append(_write(group, Recorder(kind, args, kwargs), progress, cancel, started))
 
     writers = Writers(partial(write, "torch"), partial(write, "dcp"), partial(write, "safetensors"))
     with _stopped_by_signals(), warnings.catch_warnings():
@@ -186,22 +179,21 @@ def convert_on_ranks(
             raise
         except Exception as e:
             if not entered:  # the others wait for this rank's layout: they are told, and all raise
-                _agree(_message(e), None)
+                _agree(group, _message(e), None)
             raise
     return result, shares[0]
 
 
 def _write(
-    recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float
+    group: Group, recorder: Recorder, progress: ProgressCallback | None, cancel: CancelToken | None, started: float
 ) -> RankShare:
     """The writer a distributed conversion hands ``convert``: it runs while the source is open."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = group.rank, group.world
     if isinstance(recorder.args[0], RemotePath):  # S3: each rank uploads its parts of each object
         from .upload import Steps, upload_on_ranks
 
-        steps = Steps(rank, world, _agree, _message, _read_back, KILL_VARIABLE, _SCRATCH)
+        agree, back = partial(_agree, group), partial(_read_back, group)
+        steps = Steps(rank, world, agree, _message, back, KILL_VARIABLE, _SCRATCH)
         return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started, steps))
     kill = os.environ.get(KILL_VARIABLE)
     with ExitStack() as stack:
@@ -215,7 +207,7 @@ def _write(
             error = _message(e)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        if len(set(_agree(error, digest))) != 1:
+        if len(set(_agree(group, error, digest))) != 1:
             raise DCPStudioError("the ranks planned different outputs: do they all see the same source and options?")
         pieces = split_by_bytes(layout, world)[rank]
         share = sum(p.end - p.start for p in pieces)
@@ -231,7 +223,7 @@ def _write(
                 stage = str(tmp)
             except Exception as e:
                 error = _message(e)
-        stage = _agree(error, stage)[0]
+        stage = _agree(group, error, stage)[0]
         assert stage is not None
 
         done = 0
@@ -254,21 +246,21 @@ def _write(
             crcs = write_pieces(layout, pieces, Path(stage), advance, check)
         except Exception as e:
             error = _message(e)
-        everyone = [c for rank_crcs in _agree(error, crcs) for c in rank_crcs]
+        everyone = [c for rank_crcs in _agree(group, error, crcs) for c in rank_crcs]
 
         crcs_all = combine_crcs(layout, everyone) if layout.crc else None
         if not layout.spans:  # no manifest
-            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, None, stack)
+            _publish(group, recorder, layout, rank == 0, Path(stage), crcs_all, None, stack)
         else:  # the tensors' pieces, and the spans that are tensor bytes only, read back; each rank its share
             early = [k for k, span in enumerate(layout.spans) if _in_holes(layout, span)]
-            digests, shas = _read_back(layout, Path(stage), True, early, check)
+            digests, shas = _read_back(group, layout, Path(stage), True, early, check)
             late = [k for k in range(len(layout.spans)) if k not in shas]
             if late:  # the other spans once the headers are final (DCP data files, a torch.save prefix)
-                _publish(recorder, layout, rank == 0, Path(stage), crcs_all, Replay(digests), None)
-                shas.update(_read_back(layout, Path(stage), False, late, check)[1])
+                _publish(group, recorder, layout, rank == 0, Path(stage), crcs_all, Replay(digests), None)
+                shas.update(_read_back(group, layout, Path(stage), False, late, check)[1])
             replay = Replay(digests, [shas[k] for k in range(len(layout.spans))])
             kept = [layout.spans[k] for k in late]  # as hashed: laid out again, a DCP's archives get new ids
-            _publish(recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack, kept)
+            _publish(group, recorder, layout, rank == 0, Path(stage), crcs_all, replay, stack, kept)
     return RankShare(rank, share, len(pieces), time.monotonic() - started)
 
 
@@ -282,18 +274,16 @@ def _in_holes(layout: Layout, span: tuple[str, int, int]) -> bool:
 
 
 def _read_back(
-    layout: Layout, stage: Path, pieces: bool, spans: list[int], check: Callable[[], None]
+    group: Group, layout: Layout, stage: Path, pieces: bool, spans: list[int], check: Callable[[], None]
 ) -> tuple[list[list[Any]], dict[int, str]]:
     """This rank's share of the tensors' pieces (with ``pieces``) and of the hashed spans numbered
     ``spans``, read back from the output at ``stage``; every rank's, gathered: each tensor's piece
     digests in order, and each span's SHA-256."""
-    import torch.distributed as dist
-
     jobs = piece_jobs(layout.tensors) if pieces else []
     spanned = [(k, *layout.spans[k]) for k in spans]
     costs = [j[3] * 7 // 5 for j in jobs] + [b - a for _, _, a, b in spanned]  # a piece: SHA-256 and moments
-    picked = balance(costs, dist.get_world_size())
-    mine = sorted(picked[dist.get_rank()])
+    picked = balance(costs, group.world)
+    mine = sorted(picked[group.rank])
     error = None
     done: tuple[list[Any], list[tuple[int, str]]] = ([], [])
     try:
@@ -303,7 +293,7 @@ def _read_back(
         )
     except Exception as e:
         error = _message(e)
-    gathered = _agree(error, done)
+    gathered = _agree(group, error, done)
     digests: list[list[Any]] = [[] for _ in layout.tensors]
     for k, _, piece in sorted((d for got in gathered for d in got[0]), key=lambda d: (d[0], d[1])):
         digests[k].append(piece)  # in the tensor's order: the ranks' pieces joined
@@ -311,6 +301,7 @@ def _read_back(
 
 
 def _publish(
+    group: Group,
     recorder: Recorder,
     layout: Layout,
     lead: bool,
@@ -340,7 +331,7 @@ def _publish(
                 stack.close()
         except Exception as e:
             error = _message(e)
-    _agree(error, None)
+    _agree(group, error, None)
 
 
 def convert_rank(
@@ -354,12 +345,14 @@ def convert_rank(
 ) -> tuple[ConversionResult, RankShare]:
     """A rank started by :func:`~.launch.launch`: in its parent's folder (relative paths, and the
     DCP ``checkpoint_id`` made of one, are the parent's), its progress sent to the parent."""
+    from .launch import rank_group
+
     os.chdir(cwd)
 
     def progress(p: Progress) -> None:
         report("convert", p.fraction)
 
-    return convert_on_ranks(src, dst, options, progress=progress, warn=False)
+    return convert_on_ranks(src, dst, options, progress=progress, warn=False, group=rank_group())
 
 
 def run_convert(
@@ -370,20 +363,34 @@ def run_convert(
     timeout: float = 600.0,
     on_progress: Any = None,
     cancel: CancelToken | None = None,
+    preload: Sequence[str] | None = None,
     **options: Any,
 ) -> tuple[ConversionResult, list[RankShare]]:
     """Convert ``src`` to ``dst`` on ``ranks`` local ranks (``options`` as for ``convert``): the
     conversion is planned here first, so a bad option or destination is refused before any rank
-    starts. The result, and each rank's share."""
-    from .launch import launch
+    starts (the ranks' fork server already starting meanwhile). The ranks are linked by pipes,
+    not a torch process group. ``preload``: what their fork server imports (default: torch, for a
+    process that launches ranks again and again; a one-off command passes
+    :data:`~.launch.LIGHT_PRELOAD`, and its ranks import torch only if the conversion computes with
+    it). The result, and each rank's share."""
+    from .launch import DEFAULT_PRELOAD, launch, prestart
 
     if ranks < 1:
         raise ValueError("ranks must be at least 1")
+    preload = DEFAULT_PRELOAD if preload is None else preload
+    prestart((*preload, __name__))
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
     check_plan(src_s, dst_s, options)
     args = (src_s, dst_s, options, os.getcwd())
     out = launch(
-        convert_rank, args, nprocs=ranks, timeout=timeout, on_progress=on_progress, cancel=cancel, backend="gloo"
+        convert_rank,
+        args,
+        nprocs=ranks,
+        timeout=timeout,
+        on_progress=on_progress,
+        cancel=cancel,
+        backend=PIPES,
+        preload=preload,
     )
     return out[0][0], [share for _, share in out]

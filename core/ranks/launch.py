@@ -1,10 +1,12 @@
 """Start N local ranks with ``multiprocessing`` and supervise them.
 
 Ranks are forked from a fork server -- a fresh interpreter, started once per parent process, that
-has imported torch and torch.distributed.checkpoint (seconds each, in every rank, when spawned) --
-or spawned where there is no fork server. They never fork the parent itself (its threads, Qt,
-open files). They take the parent's environment of the moment, join a process group on a free
-port (gloo on CPU, nccl when every rank can have a GPU) and run ``fn(rank, world, report, *args)``.
+has imported what ``preload`` names (by default torch and torch.distributed.checkpoint: seconds
+each, in every rank, when spawned) -- or spawned where there is no fork server. They never fork
+the parent itself (its threads, Qt, open files). They take the parent's environment of the moment,
+join a process group on a free port (gloo on CPU, nccl when every rank can have a GPU) -- or, with
+the :data:`PIPES` backend, are linked by pipes and import no torch (:mod:`.group`) -- and run
+``fn(rank, world, report, *args)``; :func:`rank_group` is their group.
 They talk to the parent only through a queue: progress, a result, or an error. The parent waits
 with timeouts only; when a rank raises or dies, the others are stopped, the error is raised with
 its rank, and no process is left behind.
@@ -17,6 +19,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,10 +28,27 @@ from typing import Any
 
 from ..errors import CancelledError, DCPStudioError
 from ..progress import CancelToken
+from .group import Group, PipeGroup, TorchGroup
 
-__all__ = ["LaunchError", "RankProgress", "free_port", "launch", "startup_seconds"]
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "LIGHT_PRELOAD",
+    "PIPES",
+    "LaunchError",
+    "RankProgress",
+    "free_port",
+    "launch",
+    "prestart",
+    "rank_group",
+    "startup_seconds",
+]
 
-_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
+PIPES = "pipes"
+"""The backend of ranks linked by pipes (:class:`~.group.PipeGroup`): no torch, no process group."""
+
+LIGHT_PRELOAD = ("numpy",)
+"""The preload of ranks that may not need torch (a command that launches once: ``convert --ranks``)."""
+DEFAULT_PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ours above it
     "torch",
     "torch.distributed",
     "torch.distributed.checkpoint",
@@ -37,6 +57,7 @@ _PRELOAD = (  # what a loading rank imports: torch's (seconds) and the few of ou
     "dcpstudio.core.formats.dcp.planners",
 )
 _startup: float | None = None
+_group: PipeGroup | None = None
 
 
 class LaunchError(DCPStudioError):
@@ -62,6 +83,22 @@ def startup_seconds() -> float | None:
     return _startup
 
 
+def rank_group() -> Group:
+    """In a rank started by :func:`launch`: its group (pipes, or torch's process group)."""
+    return _group if _group is not None else TorchGroup()
+
+
+def prestart(preload: Sequence[str]) -> None:
+    """Start the fork server now, importing ``preload`` (name the ranks' function's module too),
+    so that its imports run while the caller still imports and plans; :func:`launch` then forks
+    from it (a server already running keeps what it has)."""
+    if "forkserver" in mp.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        mp.get_context("forkserver").set_forkserver_preload(list(preload))
+        forkserver.ensure_running()
+
+
 def _context(fn: Any, preload: Sequence[str]) -> Any:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
@@ -82,16 +119,20 @@ def _entry(
     q: Any,
     env: dict[str, str],
     launched_at: float,
+    links: Sequence[Any] = (),
 ) -> None:
     global _startup
-    import torch
-    import torch.distributed as dist
-
     os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
     os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
+    if backend == PIPES:
+        _run_piped(rank, world, fn, args, q, env, launched_at, links)
+        return
+    import torch
+    import torch.distributed as dist
+
     if "OMP_NUM_THREADS" not in env:  # like torchrun: ranks that share the cores do not each take all of them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
@@ -106,6 +147,38 @@ def _entry(
         q.put(("result", rank, result))
     except BaseException as e:  # reported to the parent, which stops the others
         q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+
+
+def _run_piped(
+    rank: int, world: int, fn: Any, args: tuple[Any, ...], q: Any, env: dict[str, str], launched_at: float, links: Any
+) -> None:
+    """A rank linked to its peers by pipes: torch is imported only if ``fn`` needs it."""
+    global _startup, _group
+    if "OMP_NUM_THREADS" not in env:  # as for gloo ranks, should torch be loaded
+        threads = max(1, (os.cpu_count() or 1) // world)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # a fork server kept from an earlier launch
+            sys.modules["torch"].set_num_threads(threads)
+    try:
+        _group = PipeGroup(rank, world, links)
+        _startup = time.time() - launched_at
+        try:
+            result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
+        finally:
+            _group.close()
+        q.put(("result", rank, result))
+    except BaseException as e:  # reported to the parent, which stops the others
+        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+
+
+def _links(ctx: Any, nprocs: int) -> list[list[Any]]:
+    """Each rank's pipes: rank 0's to every other rank, each other rank's to rank 0."""
+    links: list[list[Any]] = [[] for _ in range(nprocs)]
+    for r in range(1, nprocs):
+        hub, spoke = ctx.Pipe()
+        links[0].append(hub)
+        links[r].append(spoke)
+    return links
 
 
 def _stop(procs: list[Any]) -> None:
@@ -134,7 +207,7 @@ def _died(rank: int, code: int | None) -> LaunchError:
 
 def _is_echo(message: str) -> bool:
     """Errors a rank gets because a peer failed first (its connections dropped)."""
-    return "Connection" in message and ("peer" in message or "reset" in message)
+    return ("Connection" in message and ("peer" in message or "reset" in message)) or "left the conversion" in message
 
 
 def _root_cause(procs: list[Any], results: dict[int, Any], q: Any, rank: int, message: str) -> LaunchError:
@@ -165,7 +238,7 @@ def launch(
     on_progress: Callable[[RankProgress], None] | None = None,
     cancel: CancelToken | None = None,
     backend: str | None = None,
-    preload: Sequence[str] = _PRELOAD,
+    preload: Sequence[str] = DEFAULT_PRELOAD,
 ) -> list[Any]:
     """Run ``fn(rank, world, report, *args)`` on ``nprocs`` spawned ranks; their results in rank order.
 
@@ -184,10 +257,11 @@ def launch(
     q = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
+    links = _links(ctx, nprocs) if backend == PIPES else [[] for _ in range(nprocs)]
     procs = [
         ctx.Process(
             target=_entry,
-            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at),
+            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at, links[r]),
             daemon=True,
             name=f"dcpstudio-rank{r}",
         )
@@ -196,8 +270,12 @@ def launch(
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            p.start()
+        try:
+            for p in procs:
+                p.start()
+        finally:  # the ranks hold their own ends: a rank's death must close its pipe for its peers
+            for conn in (c for rank_links in links for c in rank_links):
+                conn.close()
         while len(results) < nprocs:
             if cancel is not None and cancel.cancelled:
                 raise CancelledError("cancelled; the ranks were stopped")

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..errors import DCPStudioError
 from ..io.raw import FileRange
-from ..ops.convert.layout import GRAIN, Layout, Recorder, _read, _Source, lay_out
+from ..ops.convert.layout import GRAIN, Layout, Recorder, lay_out
+from ..ops.convert.pieces import _read, _Source
 from ..ops.convert.replay import Replay
 
 __all__ = [

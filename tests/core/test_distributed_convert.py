@@ -252,3 +252,34 @@ def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     err = capsys.readouterr().err
     assert "--for-ranks (resharding) runs on one process" in err and len(err.splitlines()) == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_torch_free_ranks_from_the_command_line(tmp_path: Path) -> None:
+    """``dcpstudio convert --ranks 2`` as a command: ranks linked by pipes, forked from a server
+    that has no torch. A float32 -> bfloat16 cast of bytes in place runs torch-free in both (a NaN
+    run is left to torch); the same bytes as one process; a killed rank publishes nothing."""
+    env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test"}
+    g = torch.Generator().manual_seed(2)
+    nan = torch.randn(300, 70, generator=g)
+    nan[7, 7] = float("nan")
+    sd = {"w": torch.randn(600, 900, generator=g), "nan": nan, "i": torch.arange(5000)}
+    torch.save(sd, tmp_path / "src.pt")
+    cmd = [sys.executable, "-m", "dcpstudio", "convert", str(tmp_path / "src.pt")]
+    for folder, extra in (("one", []), ("many", ["--ranks", "2"])):
+        (tmp_path / folder).mkdir()
+        out = str(tmp_path / folder / "out.safetensors")  # the same name: the manifest holds it
+        subprocess.run([*cmd, out, "--dtype", "bf16", *extra], env=env, check=True, timeout=120)
+    assert filecmp.cmp(tmp_path / "one" / "out.safetensors", tmp_path / "many" / "out.safetensors", shallow=False)
+    from safetensors.torch import load_file
+
+    got = load_file(tmp_path / "many" / "out.safetensors")
+    assert all(torch.equal(got[k].view(torch.int16), v.to(got[k].dtype).view(torch.int16)) for k, v in sd.items())
+    killed = subprocess.run(
+        [*cmd, str(tmp_path / "killed.safetensors"), "--dtype", "bf16", "--ranks", "2"],
+        env={**env, KILL_VARIABLE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode != 0 and "rank 1 was killed" in killed.stderr, killed.stderr[-500:]
+    assert sorted(os.listdir(tmp_path)) == ["many", "one", "src.pt"]

@@ -19,6 +19,7 @@ files each rank was assigned), with their spread from the mean.
 
     python tests/perf/bench_scale.py --rounds 3
     python tests/perf/bench_scale.py --rounds 3 --manifest   # ours with their manifests (one process and ranks)
+    python tests/perf/bench_scale.py --baseline /path/to/python   # + an earlier version (that interpreter's dcpstudio)
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--manifest", action="store_true", help="ours write their manifest (default: --no-manifest)")
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one on the work disk)")
+    parser.add_argument("--baseline", default=None, help="a Python with an earlier dcpstudio, run alongside")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.dir or os.path.expanduser("~")))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -122,6 +124,11 @@ def main() -> None:
                 "dcpstudio --ranks 2": lambda dst, extra=extra, src=src: [
                     sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), *extra, "--ranks", "2"],
             }  # fmt: skip
+            if args.baseline:
+                earlier = [args.baseline, "-m", "dcpstudio", "convert", str(src)]
+                ranks = [*extra, "--ranks", "2"]
+                contenders["earlier, 1 process"] = lambda dst, e=earlier, extra=extra: [*e, str(dst), *extra]
+                contenders["earlier --ranks 2"] = lambda dst, e=earlier, extra=ranks: [*e, str(dst), *extra]
             if case == "skewed":
                 anchor = root / "anchor.py"
                 anchor.write_text(TORCH_ANCHOR)

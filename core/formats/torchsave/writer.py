@@ -79,6 +79,10 @@ class TorchSaveWriter:
         ``crc`` when known, so nothing is written out of order)."""
         self._zip.write_stream(f"data/{key}", nbytes, pieces, crc)
 
+    def set_crc(self, key: str, crc: int) -> None:
+        """The CRC-32 of the record for ``key`` -- the last one -- once another writer wrote its bytes."""
+        self._zip.set_crc(f"data/{key}", crc)
+
     def copy_storage(self, key: str, src: FileRange, label: str) -> None:
         """Append the record for ``key`` by copying its bytes from another file in the kernel."""
         self._zip.copy(f"data/{key}", src, label)

@@ -83,6 +83,17 @@ class ZipWriter:
         self._header(name, hole.nbytes, hole.crc or 0)
         hole.place(self._f)
 
+    def set_crc(self, name: str, crc: int) -> None:
+        """The CRC-32 of the last record, ``name``, once its bytes were written by another writer."""
+        full, _, size, offset, flags = self._entries[-1]
+        if full != f"{self._archive}/{name}".encode():
+            raise ValueError(f"record {name} is not the last one written")
+        end = self._f.tell()
+        self._f.seek(self._base + offset + _CRC_AT)
+        self._f.write(struct.pack("<I", crc))
+        self._f.seek(end)
+        self._entries[-1] = (full, crc, size, offset, flags)
+
     def _header(self, name: str, size: int, crc: int) -> None:
         full = f"{self._archive}/{name}".encode()
         zip64 = size >= _MAX32

@@ -8,9 +8,9 @@ single-process output does, and each hole records where its bytes go. Tensor byt
 skipped (sparse files), so laying out costs the headers. Every rank of a distributed conversion lays
 the output out the same way and gets the same holes (:meth:`Layout.digest` checks it);
 :func:`split_by_bytes` gives each rank a contiguous run of the holes' bytes -- a tensor larger than a
-share is cut at element boundaries -- and :func:`write_pieces` writes a rank's runs with positioned
-writes, computing them from the source range by range (a cast reads exactly the source elements it
-needs). A ZIP record needs the CRC-32 of its whole: each piece's CRC is returned, and
+share is cut at element boundaries -- and :func:`~.pieces.write_pieces` writes a rank's runs with
+positioned writes, computing them from the source range by range (a cast reads exactly the source
+elements it needs). A ZIP record needs the CRC-32 of its whole: each piece's CRC is returned, and
 :func:`combine_crcs` joins them; laid out again with them, the headers are final (:func:`overlay`).
 A manifest is laid out the same way: the writer's read-back is a :class:`~.replay.Replay`, which
 records what it would read (:attr:`Layout.tensors`, :attr:`Layout.spans`) and, given the digests
@@ -19,12 +19,10 @@ the ranks computed from the output, returns them as its records.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,13 +30,11 @@ from typing import Any
 
 from ...errors import CorruptCheckpointError
 from ...io.crc import crc32_combine
-from ...io.pipeline import prefetch
-from ...io.raw import FileRange, Hole, pread_into
+from ...io.direct import pwrite_all
+from ...io.raw import Hole
 from ...pickles.refs import TensorRef
-from ...pickles.tensor_io import materialize, to_bytes
 from .output import Target, Writers, write_dcp_output, write_safetensors_output, write_torch_save_output
 from .replay import Replay
-from .transform import _Cast
 
 __all__ = [
     "Layout",
@@ -48,7 +44,6 @@ __all__ = [
     "lay_out",
     "overlay",
     "split_by_bytes",
-    "write_pieces",
 ]
 
 GRAIN = 16 << 20  # a large tensor is cut at multiples of this within it (and blocks are this large)
@@ -198,136 +193,6 @@ def split_by_bytes(layout: Layout, world: int) -> list[list[Piece]]:
     return shares
 
 
-class _Source:
-    """A tensor's row-major bytes by range: in place in a file (a :class:`FileRange`), a cast of
-    exactly the source elements the range needs, or -- for what is computed whole (a view that
-    is not contiguous, a mapping's output, chunks to assemble) -- computed once and sliced."""
-
-    def __init__(self) -> None:
-        self._whole: tuple[int, Any, memoryview] | None = None  # (id, its owner kept alive, its bytes)
-
-    def bytes(self, t: TensorRef, start: int, end: int) -> FileRange | memoryview:
-        ref = t.storage
-        if ref is None or ref.archive is None:
-            raise CorruptCheckpointError("a tensor saved without data (meta device) has no values")
-        if t.is_contiguous():
-            s, e = t.byte_offset + start, t.byte_offset + end
-            where = ref.archive.storage_range(ref)
-            if where is not None:
-                return FileRange(where.fd, where.offset + s, e - s, None, where.base)
-            archive = ref.archive
-            if isinstance(archive, _Cast):
-                return self._cast(archive, t, s, e)
-            return self._computed(ref, lambda: archive.storage_bytes(ref))[s:e]
-        return self._computed(t, lambda: to_bytes(materialize(t)))[start:end]
-
-    def _cast(self, cast: _Cast, t: TensorRef, s: int, e: int) -> memoryview:
-        import torch
-
-        src, out = cast.source, t.dtype.itemsize
-        inner = src.dtype.itemsize
-        data = self.bytes(src, s // out * inner, e // out * inner)
-        if isinstance(data, FileRange):
-            data = _read(data)
-        if not data.nbytes:
-            return memoryview(b"")
-        values = torch.frombuffer(data, dtype=src.dtype.torch)
-        return to_bytes(values.to(cast.to.torch))
-
-    def _computed(self, key: Any, compute: Callable[[], memoryview]) -> memoryview:
-        if self._whole is None or self._whole[0] != id(key):
-            self._whole = None
-            self._whole = (id(key), key, memoryview(compute()).cast("B"))
-        return self._whole[2]
-
-
-def _read(r: FileRange) -> memoryview:
-    buf = bytearray(r.nbytes)
-    view = memoryview(buf)
-    if pread_into(r.fd, view, r.start()) < r.nbytes:
-        raise CorruptCheckpointError("a source file ends early (truncated?)")
-    return view
-
-
-def _pwrite(fd: int, data: memoryview, offset: int) -> None:
-    while data.nbytes:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
-
-
-def _kernel_copy(r: FileRange, fd: int, offset: int) -> bool:
-    """Copy ``r`` to ``offset`` of ``fd`` inside the kernel; False where that is not possible."""
-    if not isinstance(r.fd, int) or not hasattr(os, "copy_file_range"):
-        return False
-    src, left = r.start(), r.nbytes
-    while left:
-        try:
-            n = os.copy_file_range(r.fd, fd, left, src, offset)
-        except OSError as e:
-            if e.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF) and src == r.start():
-                return False
-            raise
-        if n == 0:
-            raise CorruptCheckpointError("a source file ends early (truncated?)")
-        src, offset, left = src + n, offset + n, left - n
-    return True
-
-
-def write_pieces(
-    layout: Layout,
-    pieces: Sequence[Piece],
-    root: Path,
-    advance: Callable[[int], None],
-    check: Callable[[], None] = lambda: None,
-) -> list[tuple[int, int, int]]:
-    """Write ``pieces`` into the pre-sized files under ``root`` (positioned writes; bytes in place
-    copied in the kernel when no CRC is needed), each file flushed to stable storage; returns
-    ``(hole, start, crc)`` per piece (crc 0 when the layout needs none). ``advance(n)`` after each
-    block; ``check()`` may raise to stop."""
-    source = _Source()
-    fds: dict[str, int] = {}
-    out: list[tuple[int, int, int]] = []
-
-    def blocks() -> Iterator[tuple[Piece, int, int]]:
-        for p in pieces:
-            for s in range(p.start, p.end, GRAIN):
-                yield p, s, min(p.end, s + GRAIN)
-
-    def produce(block: tuple[Piece, int, int]) -> FileRange | memoryview:
-        check()
-        p, s, e = block
-        data = source.bytes(layout.sources[p.hole], s, e)
-        if isinstance(data, FileRange) and (layout.crc or not isinstance(data.fd, int)):
-            data = _read(data)
-        return data
-
-    try:
-        crc = 0
-        for (p, s, e), data in prefetch(produce, blocks()):
-            name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
-            fd = fds.get(name)
-            if fd is None:
-                fd = fds[name] = os.open(root / name if name else root, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            if isinstance(data, FileRange) and not _kernel_copy(data, fd, offset + s):
-                data = _read(data)
-            if not isinstance(data, FileRange):
-                if data.nbytes != e - s:
-                    raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
-                if layout.crc:
-                    crc = zlib.crc32(data, crc if s > p.start else 0)
-                _pwrite(fd, data, offset + s)
-            if e == p.end:
-                out.append((p.hole, p.start, crc if layout.crc else 0))
-                crc = 0
-            advance(e - s)
-        for fd in fds.values():
-            os.fsync(fd)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return out
-
-
 def combine_crcs(layout: Layout, pieces: Sequence[tuple[int, int, int]]) -> list[int]:
     """Each hole's CRC-32 from its pieces' (from every rank: ``(hole, start, crc)``)."""
     by_hole: dict[int, list[tuple[int, int]]] = {}
@@ -387,7 +252,7 @@ def overlay(layout: Layout, laid: Path, root: Path, kept: Sequence[tuple[str, in
                 data = os.pread(src, b - a, a)
                 if len(data) != b - a:
                     raise CorruptCheckpointError(f"{laid / name}: laid out short")
-                _pwrite(dst, memoryview(data), a)
+                pwrite_all(dst, memoryview(data), a)
             os.fsync(dst)
         finally:
             os.close(src)

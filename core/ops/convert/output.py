@@ -29,6 +29,7 @@ from ...io.remote.locations import RemotePath
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
+from .computed import castable
 from .transform import Transform
 from .writers import write_safetensors_file, write_torch_save_file
 
@@ -227,10 +228,15 @@ def write_torch_save_output(
     for its manifest (a layout's stand-in, :class:`~.replay.Replay`, knows what the ranks computed)."""
     _no_manifest(payload, manifest, reader)
 
-    def produce(item: tuple[str, StorageRef]) -> Payload | Hole:
+    def produce(item: tuple[str, StorageRef]) -> Payload | Hole | TensorRef:
         reporter.check()
         ref = item[1]
-        return payload(TensorRef(ref, ref.dtype, (ref.numel,), (1,))) if payload else storage_payload(ref)
+        whole = TensorRef(ref, ref.dtype, (ref.numel,), (1,))
+        if payload:
+            return payload(whole)
+        if not isinstance(dst, RemotePath) and castable(whole):
+            return whole  # a cast: computed block by block as it is written
+        return storage_payload(ref)
 
     try:
         with output_context(dst, overwrite, at) as tmp, create_file(tmp) as f:
@@ -305,9 +311,13 @@ def write_safetensors_output(
     ``at``: as for :func:`write_torch_save_output`."""
     _no_manifest(payload, manifest, reader)
 
-    def produce(item: tuple[str, TensorRef]) -> Payload | Hole:
+    def produce(item: tuple[str, TensorRef]) -> Payload | Hole | TensorRef:
         reporter.check()
-        return payload(item[1]) if payload else tensor_bytes(item[1], need_crc=False)
+        if payload:
+            return payload(item[1])
+        if not isinstance(dst, RemotePath) and castable(item[1]):
+            return item[1]  # a cast: computed block by block as it is written
+        return tensor_bytes(item[1], need_crc=False)
 
     try:
         with output_context(dst, overwrite, at) as tmp:

@@ -7,6 +7,7 @@ for each tensor's digest and moments and the file's SHA-256 (:class:`...formats.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ from ...formats.manifest import METADATA_KEY, ZIP_RECORD, Manifest
 from ...formats.readback import ReadBack
 from ...formats.safetensors import SafetensorsWriter
 from ...formats.torchsave.writer import TorchSaveWriter
+from ...io.direct import DirectWriter
 from ...io.files import create_file, sync_file
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange, Hole
 from ...pickles.refs import StorageRef, TensorRef
 from ...pickles.tensor_io import Payload
 from ...progress import Reporter
+from .computed import CastReader, direct_writer, write_cast
 
 __all__ = ["write_safetensors_file", "write_torch_save_file"]
 
@@ -29,7 +32,7 @@ def write_safetensors_file(
     path: Path,
     shard: Sequence[tuple[str, TensorRef]],
     metadata: dict[str, str],
-    produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
+    produce: Callable[[tuple[str, TensorRef]], Payload | Hole | TensorRef],
     reporter: Reporter,
     label: str,
     *,
@@ -46,10 +49,12 @@ def write_safetensors_file(
     if manifest and isinstance(path, Path):
         reserve = Manifest.reserve([(n, d.name, tuple(s)) for n, d, s in specs], [path.name])
         return _write_read_back(path, shard, specs, kept, reserve, produce, reporter, label, reader)
-    with create_file(path) as f:
+    with create_file(path) as f, _Casts(path, f, reporter) as casts:
         writer = SafetensorsWriter(f, specs, kept)
         for (name, t), data in prefetch(produce, shard):
-            if isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
+            if isinstance(data, TensorRef):
+                casts.write(partial(writer.reserve, name), data)
+            elif isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
                 writer.reserve(name, data)
             elif isinstance(data, FileRange):
                 writer.copy(name, data, f"{label} ({name})")
@@ -66,7 +71,7 @@ def _write_read_back(
     specs: list[tuple[str, DType, tuple[int, ...]]],
     metadata: dict[str, str],
     reserve: int,
-    produce: Callable[[tuple[str, TensorRef]], Payload | Hole],
+    produce: Callable[[tuple[str, TensorRef]], Payload | Hole | TensorRef],
     reporter: Reporter,
     label: str,
     reader: Callable[[], ReadBack] = ReadBack,
@@ -75,12 +80,14 @@ def _write_read_back(
     (:class:`ReadBack`, or ``reader``'s stand-in when it is laid out with holes) while it is written
     and fsynced; then the header's room receives it."""
     part = Manifest()
-    with create_file(path) as f, reader() as back:
+    with create_file(path) as f, reader() as back, _Casts(path, f, reporter) as casts:
         writer = SafetensorsWriter(f, specs, metadata, reserve=reserve + 64)
         file = back.file(path, start=f.tell())
         for (name, t), data in prefetch(produce, shard):
             at = f.tell()
-            if isinstance(data, Hole):  # laid out: ``reader`` knows the digests the ranks computed
+            if isinstance(data, TensorRef):
+                casts.write(partial(writer.reserve, name), data)
+            elif isinstance(data, Hole):  # laid out: ``reader`` knows the digests the ranks computed
                 writer.reserve(name, data)
             elif isinstance(data, FileRange):
                 writer.copy(name, data, f"{label} ({name})")
@@ -98,13 +105,40 @@ def _write_read_back(
     return part
 
 
+class _Casts:
+    """A file's cast tensors, computed block by block and written past the page cache
+    (:mod:`.computed`): one direct writer and one read buffer for all of them."""
+
+    def __init__(self, path: Path | str, f: Any, reporter: Reporter) -> None:
+        self._path, self._f, self._reporter = path, f, reporter
+        self._writer: DirectWriter | None = None
+        self._reader = CastReader()
+
+    def write(self, reserve: Callable[[Hole], None], t: TensorRef, crc: bool = False) -> int:
+        """``t`` written where ``reserve`` places its hole (the format's place for it, skipped);
+        its CRC-32 with ``crc``."""
+        hole = Hole(t.nbytes)
+        reserve(hole)
+        if self._writer is None:
+            self._f.flush()
+            self._writer = direct_writer(self._path, self._f.fileno())
+        return write_cast(self._writer, self._reader, t, hole.placed[0][1], self._reporter.check, crc)
+
+    def __enter__(self) -> _Casts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
 def write_torch_save_file(
     f: Any,
     path: Path | None,
     archive: str,
     obj: Any,
     tensors: Sequence[tuple[str, TensorRef]],
-    produce: Callable[[tuple[str, StorageRef]], Payload | Hole],
+    produce: Callable[[tuple[str, StorageRef]], Payload | Hole | TensorRef],
     reporter: Reporter,
     label: str,
     names: dict[int, str],
@@ -122,11 +156,13 @@ def write_torch_save_file(
         if t.storage is not None and t.is_contiguous():
             by_storage.setdefault(id(t.storage), []).append((fqn, t))
     manifest = Manifest() if path is not None else None
-    with reader() as back:
+    with reader() as back, _Casts(str(getattr(f, "name", "")), f, reporter) as casts:
         file = back.file(path) if path is not None else None
         for (key, ref), data in prefetch(produce, order):
             name = names.get(id(ref), key)
-            if isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
+            if isinstance(data, TensorRef):  # a cast, computed by blocks (a local file only)
+                writer.set_crc(key, casts.write(partial(writer.write_storage, key), data, crc=True))
+            elif isinstance(data, Hole):  # laid out only: a distributed conversion's ranks write it
                 writer.write_storage(key, data)
             elif isinstance(data, FileRange):
                 writer.copy_storage(key, data, f"{label} ({name})")

@@ -1,0 +1,130 @@
+"""Positioned writes of bytes this process computed, past the page cache (``O_DIRECT``).
+
+A computed block (a cast) is made in a recycled, page-aligned buffer, placed so that its address
+and its file offset agree modulo :data:`ALIGN`; its whole aligned blocks are then written with
+``O_DIRECT`` and only the ragged head and tail through the page cache. Measured on the project's
+2-core VM, 1 GiB into a new file: buffered ``pwrite`` from a reused buffer 1.5-3.0 s plus 0.45 s of
+``fsync`` -- the page cache's pages are fresh memory, faulted in from the host, since the VM hands
+freed memory back within ~2 s -- against 0.40-0.45 s with ``O_DIRECT``, ``fsync`` included. The
+buffers are reused for the same reason: a fresh 16 MiB block costs 4,096 page faults.
+
+Where ``O_DIRECT`` is refused (tmpfs, some network filesystems) the same calls write through the
+page cache. Correctness never depends on it: the kernel keeps direct and buffered writes to one
+file coherent, and an ``fsync`` of either descriptor makes both durable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["ALIGN", "Block", "DirectWriter", "pwrite_all"]
+
+ALIGN = 4096  # a multiple of every logical block size and DMA alignment O_DIRECT asks for here
+_REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+class Block:
+    """A buffer lent by a :class:`DirectWriter` for ``nbytes`` that go to file offset ``offset``:
+    fill :attr:`view`, then hand it to :meth:`DirectWriter.write`."""
+
+    __slots__ = ("_buf", "_skew", "nbytes", "offset", "view")
+
+    def __init__(self, buf: mmap.mmap, offset: int, nbytes: int) -> None:
+        self._buf = buf
+        self._skew = offset % ALIGN
+        self.offset = offset
+        self.nbytes = nbytes
+        self.view = memoryview(buf)[self._skew : self._skew + nbytes]
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """All of ``data`` at ``offset`` of ``fd`` (``pwrite`` may write less)."""
+    while data.nbytes:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+class DirectWriter:
+    """Positioned writes into the file ``path``, open for writing as ``fd`` (the caller's: it
+    stays open, and its ``fsync`` covers these writes). Blocks of at most ``capacity`` bytes, at
+    most ``keep`` of them kept for reuse; thread-safe (one thread may fill while another writes)."""
+
+    def __init__(self, path: str | Path, fd: int, capacity: int, keep: int = 3) -> None:
+        self._fd = fd
+        self._capacity = capacity + ALIGN
+        self._keep = keep
+        self._free: list[mmap.mmap] = []
+        self._all: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._direct: int | None = None
+        flag = getattr(os, "O_DIRECT", 0)
+        if flag:
+            try:
+                self._direct = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
+            except OSError as e:
+                if e.errno not in _REFUSED:
+                    raise
+
+    @property
+    def direct(self) -> bool:
+        return self._direct is not None
+
+    def block(self, offset: int, nbytes: int) -> Block:
+        """A buffer for ``nbytes`` (at most the capacity) bound for ``offset``."""
+        if nbytes + ALIGN > self._capacity:
+            raise ValueError(f"a block of {nbytes} bytes exceeds the writer's {self._capacity - ALIGN}")
+        with self._lock:
+            buf = self._free.pop() if self._free else None
+        if buf is None:
+            buf = mmap.mmap(-1, self._capacity)
+            with self._lock:
+                self._all.append(buf)
+        return Block(buf, offset, nbytes)
+
+    def write(self, block: Block) -> None:
+        """Write ``block`` at its offset and take its buffer back (``block`` is spent)."""
+        view, offset, n = block.view, block.offset, block.nbytes
+        try:
+            head = min(n, -offset % ALIGN)
+            body = (n - head) // ALIGN * ALIGN
+            if self._direct is not None and body:
+                try:
+                    pwrite_all(self._direct, view[head : head + body], offset + head)
+                except OSError as e:
+                    if e.errno not in _REFUSED:
+                        raise
+                    self._close_direct()  # this filesystem takes the open, not the write
+                    pwrite_all(self._fd, view[head : head + body], offset + head)
+                pwrite_all(self._fd, view[:head], offset)
+                pwrite_all(self._fd, view[head + body :], offset + head + body)
+            else:
+                pwrite_all(self._fd, view, offset)
+        finally:
+            with self._lock:
+                if len(self._free) < self._keep:
+                    self._free.append(block._buf)
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+
+    def close(self) -> None:
+        """Close the direct descriptor and free the buffers (none may be in use)."""
+        self._close_direct()
+        with self._lock:
+            buffers, self._all, self._free = self._all, [], []
+        for buf in buffers:
+            with contextlib.suppress(BufferError):  # a view still exported (an error path): freed with it
+                buf.close()
+
+    def __enter__(self) -> DirectWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
