@@ -112,7 +112,7 @@ class MainWindow(QMainWindow):
         split.setChildrenCollapsible(False)
         for pane in (self.browser, self.tree_pane, self.right):
             split.addWidget(pane)
-        split.setSizes([260, 480, 660])  # the browser shows a run's step-N and a DCP's __0_0.distcp whole
+        split.setSizes([210, 530, 660])
         self.setCentralWidget(split)
         self.activity = QLabel()
         self.torch_status = QLabel()
