@@ -146,7 +146,7 @@ def _entry(
             dist.destroy_process_group()
         q.put(("result", rank, result))
     except BaseException as e:  # reported to the parent, which stops the others
-        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        q.put(("error", rank, _error_text(e)))
 
 
 def _run_piped(
@@ -168,7 +168,7 @@ def _run_piped(
             _group.close()
         q.put(("result", rank, result))
     except BaseException as e:  # reported to the parent, which stops the others
-        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        q.put(("error", rank, _error_text(e)))
 
 
 def _links(ctx: Any, nprocs: int) -> list[list[Any]]:
@@ -205,6 +205,13 @@ def _died(rank: int, code: int | None) -> LaunchError:
     return LaunchError(f"rank {rank} exited with code {code} without a result")
 
 
+def _error_text(e: BaseException) -> str:
+    """A rank's error for the parent: our own errors' first line as they read (they are written for
+    the user), anything else with its type."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text if isinstance(e, DCPStudioError) and text else f"{type(e).__name__}: {text}"
+
+
 def _is_echo(message: str) -> bool:
     """Errors a rank gets because a peer failed first (its connections dropped)."""
     return ("Connection" in message and ("peer" in message or "reset" in message)) or "left the conversion" in message
@@ -226,7 +233,7 @@ def _root_cause(procs: list[Any], results: dict[int, Any], q: Any, rank: int, me
         echoes = "; ".join(f"then rank {r}: {m[:120]}" for r, m in errors)
         return LaunchError(f"{_died(dead[0], procs[dead[0]].exitcode)}; {echoes}")
     first = next(((r, m) for r, m in errors if not _is_echo(m)), errors[0])
-    return LaunchError(f"rank {first[0]}: {first[1]}")
+    return LaunchError(first[1] if first[1].startswith("rank ") else f"rank {first[0]}: {first[1]}")
 
 
 def launch(

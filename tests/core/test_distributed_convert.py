@@ -283,3 +283,11 @@ def test_torch_free_ranks_from_the_command_line(tmp_path: Path) -> None:
     )
     assert killed.returncode != 0 and "rank 1 was killed" in killed.stderr, killed.stderr[-500:]
     assert sorted(os.listdir(tmp_path)) == ["many", "one", "src.pt"]
+    # a rank's refusal reads as one line, as one process's would: "rank 0: <what>", no type names
+    missing = subprocess.run(
+        [*cmd, str(tmp_path / "nowhere" / "x.safetensors"), "--ranks", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+        f"dcpstudio: error: rank 0: cannot write {tmp_path / 'nowhere' / 'x.safetensors'}: directory "
+        f"{tmp_path / 'nowhere'} does not exist"
+    ], missing.stderr
