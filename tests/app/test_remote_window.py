@@ -31,7 +31,7 @@ class SlowMemory(MemoryFileSystem):
     """The in-memory store (same objects) answering every request after ``delay`` seconds."""
 
     protocol = ("slowmem",)
-    delay = 0.3
+    delay = 0.5
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -349,7 +349,8 @@ def test_a_slow_store_never_blocks_the_gui(
     heartbeat.stop()
     assert opened >= SlowMemory.delay  # it did go through the slow store
     assert cells and (tmp_path / "out.safetensors").is_file() and len(heartbeat.gaps) > 20
-    # Every request to the store takes SlowMemory.delay (0.3 s): one made on the GUI thread shows as a
+    # Every request to the store takes SlowMemory.delay (0.5 s): one made on the GUI thread shows as a
     # gap at least that long. Showing the opened checkpoint itself takes 50-130 ms of GUI work on
-    # this 2-core machine under load, remote or local, which is not what this test is about.
-    assert heartbeat.longest < SlowMemory.delay / 2, f"GUI thread blocked for {heartbeat.longest * 1000:.0f} ms"
+    # this 2-core machine, more under load (it failed at times with a bound of 150 ms), remote or
+    # local, which is not what this test is about.
+    assert heartbeat.longest < SlowMemory.delay * 0.7, f"GUI thread blocked for {heartbeat.longest * 1000:.0f} ms"
