@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import QApplication
 
 from dcpstudio.window.main_window import MainWindow
@@ -61,8 +62,20 @@ def test_none_keeps_its_references_through_model_calls(
         (browse / f"file{i:03d}.txt").write_text("x")
     ckpt = _many_entries(browse / "many.safetensors")
 
-    window = MainWindow()
-    qtbot.addWidget(window)
+    window = MainWindow()  # not qtbot's: destroyed below, while the patched methods are still in place
+    try:
+        _drive(qtbot, window, browse, ckpt, calls)
+    finally:
+        # A timer of the window (the browser's scroll) firing later into a model whose patched
+        # ``data`` monkeypatch has since taken back crashed the next test's setup (PySide keeps
+        # the override it found); so the window goes now, not at qtbot's teardown.
+        window.close()
+        window.deleteLater()
+        QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        QApplication.processEvents()
+
+
+def _drive(qtbot: Any, window: MainWindow, browse: Path, ckpt: Path, calls: Counter[str]) -> None:
     window.resize(1200, 700)
     window.show()
     window.browser.set_root(str(browse))
@@ -97,7 +110,6 @@ def test_none_keeps_its_references_through_model_calls(
     assert calls["CheckpointTreeModel.data"] > 1_000 and calls["CheckpointFileModel.data"] > 1_000, dict(calls)
     # a healthy binding keeps the count steady (within a little noise); 6.12.0 loses thousands here
     assert after >= before - 200, f"None lost {before - after} references over {sum(calls.values())} model calls"
-    window.close()
 
 
 def test_the_installed_pyside6_is_allowed() -> None:
