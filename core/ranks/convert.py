@@ -59,6 +59,7 @@ from ..ops.convert.replay import Replay, balance, piece_digests, piece_jobs, spa
 from ..progress import CancelToken, Progress, ProgressCallback
 from .group import Group, TorchGroup
 from .launch import PIPES
+from .share import ShareProgress
 from .upload import refuse_store as refuse_remote  # a remote destination other than S3 (multipart uploads)
 
 __all__ = [
@@ -195,7 +196,6 @@ def _write(
         agree, back = partial(_agree, group), partial(_read_back, group)
         steps = Steps(rank, world, agree, _message, back, KILL_VARIABLE, _SCRATCH)
         return RankShare(rank, *upload_on_ranks(recorder, progress, cancel, started, steps))
-    kill = os.environ.get(KILL_VARIABLE)
     with ExitStack() as stack:
         error: str | None = None
         digest = None
@@ -226,24 +226,12 @@ def _write(
         stage = _agree(group, error, stage)[0]
         assert stage is not None
 
-        done = 0
-
-        def advance(n: int) -> None:
-            nonlocal done
-            done += n
-            if kill is not None and int(kill) == rank:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if progress is not None:
-                progress(Progress(done, share, 0, 0, f"rank {rank}"))
-
-        def check() -> None:
-            if cancel is not None:
-                cancel.check()
-
+        tally = ShareProgress(rank, share, progress, cancel, KILL_VARIABLE)
+        check = tally.check
         error = None
         crcs: list[tuple[int, int, int]] = []
         try:
-            crcs = write_pieces(layout, pieces, Path(stage), advance, check)
+            crcs = write_pieces(layout, pieces, Path(stage), tally.advance, check)
         except Exception as e:
             error = _message(e)
         everyone = [c for rank_crcs in _agree(group, error, crcs) for c in rank_crcs]

@@ -55,8 +55,9 @@ from ..io.remote.calls import on_loop, retried
 from ..io.remote.fs import backend
 from ..io.remote.locations import RemotePath, as_location
 from ..ops.convert.layout import Layout, Recorder, combine_crcs
-from ..progress import CancelToken, Progress, ProgressCallback
+from ..progress import CancelToken, ProgressCallback
 from .parts import Fields, Part, PartBuilder, Segments, crc_fields, laid_out, patch, plan_parts, uploaded
+from .share import ShareProgress
 
 __all__ = ["ReadBack", "Steps", "check_upload", "refuse_store", "upload_on_ranks"]
 
@@ -254,25 +255,11 @@ def _upload(
     bytes of, after the CRC exchange); rank 0 completes every upload, writes the other files and
     calls ``publish`` (a folder replacing another is copied into place from its temporary prefix).
     Returns this rank's bytes."""
-    import signal
-
     rank, _agree, _message = steps.rank, steps.agree, steps.message
     share = sum(parts[i].nbytes for i in mine)
     builder = PartBuilder(layout, segments)
-    killer = os.environ.get(steps.kill)
-    done = 0
-
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        if killer is not None and int(killer) == rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if progress is not None:
-            progress(Progress(done, share, 0, 0, f"rank {rank}"))
-
-    def check() -> None:
-        if cancel is not None:
-            cancel.check()
+    tally = ShareProgress(rank, share, progress, cancel, steps.kill)
+    advance, check = tally.advance, tally.check
 
     etags: list[tuple[str, int, str]] = []
     crcs: list[tuple[int, int, int]] = []
