@@ -121,7 +121,6 @@ def _entry(
     launched_at: float,
     links: Sequence[Any] = (),
 ) -> None:
-    global _startup
     os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
     os.environ.update(env)
     os.environ.update(
@@ -135,17 +134,31 @@ def _entry(
 
     if "OMP_NUM_THREADS" not in env:  # like torchrun: ranks that share the cores do not each take all of them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    try:
+
+    def connect() -> Callable[[], None]:
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        return dist.destroy_process_group
+
+    _serve(rank, world, fn, args, q, launched_at, connect)
+
+
+def _serve(
+    rank: int, world: int, fn: Any, args: tuple[Any, ...], q: Any, launched_at: float, connect: Callable[[], Any]
+) -> None:
+    """Links the rank to its peers (``connect()``, which returns how to unlink it), runs ``fn`` and
+    reports its result -- or its error, to the parent, which stops the others."""
+    global _startup
+    try:
+        close = connect()
         _startup = time.time() - launched_at
         try:
             result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
         finally:
-            dist.destroy_process_group()
+            close()
         q.put(("result", rank, result))
-    except BaseException as e:  # reported to the parent, which stops the others
+    except BaseException as e:
         q.put(("error", rank, _error_text(e)))
 
 
@@ -153,22 +166,18 @@ def _run_piped(
     rank: int, world: int, fn: Any, args: tuple[Any, ...], q: Any, env: dict[str, str], launched_at: float, links: Any
 ) -> None:
     """A rank linked to its peers by pipes: torch is imported only if ``fn`` needs it."""
-    global _startup, _group
     if "OMP_NUM_THREADS" not in env:  # as for gloo ranks, should torch be loaded
         threads = max(1, (os.cpu_count() or 1) // world)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         if "torch" in sys.modules:  # a fork server kept from an earlier launch
             sys.modules["torch"].set_num_threads(threads)
-    try:
+
+    def connect() -> Callable[[], None]:
+        global _group
         _group = PipeGroup(rank, world, links)
-        _startup = time.time() - launched_at
-        try:
-            result = fn(rank, world, lambda stage, fraction: q.put(("progress", rank, (stage, fraction))), *args)
-        finally:
-            _group.close()
-        q.put(("result", rank, result))
-    except BaseException as e:  # reported to the parent, which stops the others
-        q.put(("error", rank, _error_text(e)))
+        return _group.close
+
+    _serve(rank, world, fn, args, q, launched_at, connect)
 
 
 def _links(ctx: Any, nprocs: int) -> list[list[Any]]:
