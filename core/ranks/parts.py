@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import DCPStudioError
 from ..io.raw import FileRange
-from ..ops.convert.layout import GRAIN, Layout, Recorder, lay_out
+from ..ops.convert.layout import GRAIN, Layout, Recorder, hole_ranges, lay_out, outside
 from ..ops.convert.pieces import _read, _Source
 from ..ops.convert.replay import Replay
 
@@ -106,18 +106,10 @@ def uploaded(layout: Layout) -> list[str]:
 
 def segments_of(layout: Layout, root: Path) -> Segments:
     """What the writer wrote at ``root`` outside the holes: per file, ``(offset, bytes)`` in order."""
-    gaps: dict[str, list[tuple[int, int]]] = {}
-    for name, offset, n, _ in layout.holes:
-        gaps.setdefault(name, []).append((offset, offset + n))
+    gaps = hole_ranges(layout)
     out: Segments = {}
     for name, size in layout.files.items():
-        keep, pos = [], 0
-        for a, b in sorted(gaps.get(name, [])):
-            if a > pos:
-                keep.append((pos, a))
-            pos = max(pos, b)
-        if pos < size:
-            keep.append((pos, size))
+        keep = outside(gaps.get(name, []), size)
         with open(root / name if name else root, "rb") as f:
             out[name] = [(a, os.pread(f.fileno(), b - a, a)) for a, b in keep]
         if any(len(data) != b - a for (a, b), (_, data) in zip(keep, out[name], strict=True)):

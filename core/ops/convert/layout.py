@@ -41,7 +41,9 @@ __all__ = [
     "Piece",
     "Recorder",
     "combine_crcs",
+    "hole_ranges",
     "lay_out",
+    "outside",
     "overlay",
     "split_by_bytes",
 ]
@@ -222,13 +224,31 @@ def create_files(layout: Layout, root: Path) -> None:
             f.truncate(size)
 
 
+def hole_ranges(layout: Layout) -> dict[str, list[tuple[int, int]]]:
+    """Per file, the byte ranges ``(start, end)`` of its holes (the tensor bytes the ranks write)."""
+    gaps: dict[str, list[tuple[int, int]]] = {}
+    for name, offset, n, _ in layout.holes:
+        gaps.setdefault(name, []).append((offset, offset + n))
+    return gaps
+
+
+def outside(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges of ``[0, size)`` that none of ``ranges`` (in any order, overlapping or not) covers."""
+    keep, pos = [], 0
+    for a, b in sorted(ranges):
+        if a > pos:
+            keep.append((pos, a))
+        pos = max(pos, b)
+    if pos < size:
+        keep.append((pos, size))
+    return keep
+
+
 def overlay(layout: Layout, laid: Path, root: Path, kept: Sequence[tuple[str, int, int]] = ()) -> None:
     """Copy what the writer wrote at ``laid`` (everything but the holes and the ``kept`` spans
     ``(file, start, end)``: headers, pickles, directories, whole files such as ``.metadata`` --
     last) into the output at ``root``, and flush every file."""
-    gaps: dict[str, list[tuple[int, int]]] = {}
-    for name, offset, n, _ in layout.holes:
-        gaps.setdefault(name, []).append((offset, offset + n))
+    gaps = hole_ranges(layout)
     for name, start, end in kept:  # already hashed for the manifest: a second layout's random ids stay out
         gaps.setdefault(name, []).append((start, end))
     names = sorted(
@@ -236,13 +256,7 @@ def overlay(layout: Layout, laid: Path, root: Path, kept: Sequence[tuple[str, in
     )
     for name in names:
         size = layout.files[name]
-        keep, pos = [], 0
-        for a, b in sorted(gaps.get(name, [])):
-            if a > pos:
-                keep.append((pos, a))
-            pos = max(pos, b)
-        if pos < size:
-            keep.append((pos, size))
+        keep = outside(gaps.get(name, []), size)
         src = os.open(laid / name if name else laid, os.O_RDONLY)
         dst = os.open(root / name if name else root, os.O_WRONLY | os.O_CREAT, 0o666)  # a manifest may be new
         try:
