@@ -31,6 +31,7 @@ from ..context import Context
 from ..locations import is_remote, location, shown
 from ..notify import describe
 from ..workers import Job
+from .ranks_choice import rank_bars
 
 __all__ = ["LoadPanel"]
 
@@ -128,21 +129,13 @@ class LoadPanel(QGroupBox):
         self.status.setText("")
 
     def _clear_bars(self) -> None:
-        for bar in self.bars:
-            self.bars_box.removeWidget(bar)
-            bar.deleteLater()
-        self.bars = []
+        self.bars = rank_bars(self.bars_box, self.bars, 0)
         self._stages: dict[int, str] = {}
         self._fractions: dict[int, float] = {}
 
     def start(self, ranks: int) -> None:
         self._clear_bars()
-        for r in range(ranks):
-            bar = QProgressBar()
-            bar.setRange(0, 100)
-            bar.setFormat(f"rank {r}: %p%")
-            self.bars_box.addWidget(bar)
-            self.bars.append(bar)
+        self.bars = rank_bars(self.bars_box, self.bars, ranks)
         self.table.setRowCount(0)
         self.status.setText(f"Starting {ranks} ranks…")
         self.set_busy(True)

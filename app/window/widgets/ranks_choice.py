@@ -9,14 +9,30 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QSpinBox, QWidget
+from PySide6.QtWidgets import QBoxLayout, QHBoxLayout, QProgressBar, QSpinBox, QWidget
 
 from dcpstudio.core import ConversionResult
 from dcpstudio.core.ops.report import human_bytes, plural
 
 from ..locations import is_remote
 
-__all__ = ["RanksChoice"]
+__all__ = ["RanksChoice", "rank_bars"]
+
+
+def rank_bars(row: QBoxLayout, old: list[QProgressBar], ranks: int) -> list[QProgressBar]:
+    """``old``'s bars taken out of ``row``, and a bar for each of ``ranks`` ranks put in (a convert
+    or a load on ranks: each rank's share done)."""
+    for bar in old:
+        row.removeWidget(bar)
+        bar.deleteLater()
+    bars = []
+    for r in range(ranks):
+        bar = QProgressBar()
+        bar.setRange(0, 100)
+        bar.setFormat(f"rank {r}: %p%")
+        row.addWidget(bar)
+        bars.append(bar)
+    return bars
 
 
 class RanksChoice:
@@ -66,16 +82,7 @@ class RanksChoice:
 
     def reset(self, ranks: int = 0) -> None:
         """A bar for each of ``ranks`` ranks (none: the conversion runs here)."""
-        for bar in self._bars:
-            self._row.removeWidget(bar)
-            bar.deleteLater()
-        self._bars = []
-        for r in range(ranks):
-            bar = QProgressBar()
-            bar.setRange(0, 100)
-            bar.setFormat(f"rank {r}: %p%")
-            self._row.addWidget(bar)
-            self._bars.append(bar)
+        self._bars = rank_bars(self._row, self._bars, ranks)
 
     def show(self, p: Any) -> float | None:
         """A rank's progress drawn on its bar; the mean over the ranks (None: not a rank's progress)."""
