@@ -110,12 +110,13 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
     options = _options(args, mapping, to)
     start = time.monotonic()
     if args.ranks is not None:
-        from dcpstudio.core.ranks.launch import LIGHT_PRELOAD, prestart
+        from dcpstudio.core.ranks.launch import LIGHT_PRELOAD, can_fork_parent, prestart
 
-        # one launch in this process: its ranks import torch only if they need it (a process that
-        # launches again keeps torch in the fork server); started first, to import beside this one
+        # one launch in this process: its ranks are forks of it (milliseconds: it has imported and
+        # planned), or -- where it cannot be forked -- come from a fork server started first, to
+        # import beside this process; they import torch only if they need it
         light = getattr(args, "process_is_command", False)
-        if light:
+        if light and not can_fork_parent():
             prestart((*LIGHT_PRELOAD, "dcpstudio.core.ranks.convert"))
         from dcpstudio.core.ranks.convert import run_convert
 
@@ -127,6 +128,7 @@ def run_distributed_convert(args: argparse.Namespace, mapping: bool, to: str | N
                 ranks=args.ranks,
                 timeout=args.timeout,
                 preload=LIGHT_PRELOAD if light else None,
+                fork_parent=light,
                 on_progress=(lambda p: bar.update(p.rank, p.fraction)) if bar is not None else None,
                 **options,
             )

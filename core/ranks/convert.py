@@ -352,6 +352,7 @@ def run_convert(
     on_progress: Any = None,
     cancel: CancelToken | None = None,
     preload: Sequence[str] | None = None,
+    fork_parent: bool = False,
     **options: Any,
 ) -> tuple[ConversionResult, list[RankShare]]:
     """Convert ``src`` to ``dst`` on ``ranks`` local ranks (``options`` as for ``convert``): the
@@ -360,13 +361,17 @@ def run_convert(
     not a torch process group. ``preload``: what their fork server imports (default: torch, for a
     process that launches ranks again and again; a one-off command passes
     :data:`~.launch.LIGHT_PRELOAD`, and its ranks import torch only if the conversion computes with
-    it). The result, and each rank's share."""
-    from .launch import DEFAULT_PRELOAD, launch, prestart
+    it). ``fork_parent``: the ranks are forks of this process where it can be forked
+    (:func:`~.launch.can_fork_parent`; a one-off command: this module is imported and the plan
+    made). The result, and each rank's share."""
+    from .launch import DEFAULT_PRELOAD, can_fork_parent, launch, prestart
 
     if ranks < 1:
         raise ValueError("ranks must be at least 1")
     preload = DEFAULT_PRELOAD if preload is None else preload
-    prestart((*preload, __name__))
+    fork_parent = fork_parent and can_fork_parent()
+    if not fork_parent:
+        prestart((*preload, __name__))
     src_s = src.url if isinstance(src, RemotePath) else os.fspath(src)
     dst_s = dst.url if isinstance(dst, RemotePath) else os.fspath(dst)
     check_plan(src_s, dst_s, options)
@@ -380,5 +385,6 @@ def run_convert(
         cancel=cancel,
         backend=PIPES,
         preload=preload,
+        fork_parent=fork_parent,
     )
     return out[0][0], [share for _, share in out]

@@ -2,8 +2,11 @@
 
 Ranks are forked from a fork server -- a fresh interpreter, started once per parent process, that
 has imported what ``preload`` names (by default torch and torch.distributed.checkpoint: seconds
-each, in every rank, when spawned) -- or spawned where there is no fork server. They never fork
-the parent itself (its threads, Qt, open files). They take the parent's environment of the moment,
+each, in every rank, when spawned) -- or spawned where there is no fork server. They fork the
+parent itself only when it asks for it (``fork_parent``: a one-off command, which has planned
+already and has imported what a rank needs) and :func:`can_fork_parent` holds: one thread, no Qt
+-- a fork then costs milliseconds where a fork server's start and imports cost a few tenths of a
+second before any rank runs. They take the parent's environment of the moment,
 join a process group on a free port (gloo on CPU, nccl when every rank can have a GPU) -- or, with
 the :data:`PIPES` backend, are linked by pipes and import no torch (:mod:`.group`) -- and run
 ``fn(rank, world, report, *args)``; :func:`rank_group` is their group.
@@ -36,6 +39,7 @@ __all__ = [
     "PIPES",
     "LaunchError",
     "RankProgress",
+    "can_fork_parent",
     "free_port",
     "launch",
     "prestart",
@@ -99,7 +103,21 @@ def prestart(preload: Sequence[str]) -> None:
         forkserver.ensure_running()
 
 
-def _context(fn: Any, preload: Sequence[str]) -> Any:
+def can_fork_parent() -> bool:
+    """Whether this process can be forked safely: the start method exists, and the process runs
+    one thread (every native thread counted: a fork keeps only the caller's, and a lock another
+    held stays held in the child) and has not loaded Qt."""
+    if "fork" not in mp.get_all_start_methods() or any(m.startswith(("PySide6", "PyQt")) for m in sys.modules):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no procfs: the threads cannot be counted
+        return False
+
+
+def _context(fn: Any, preload: Sequence[str], fork_parent: bool = False) -> Any:
+    if fork_parent and can_fork_parent():
+        return mp.get_context("fork")
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
@@ -120,7 +138,15 @@ def _entry(
     env: dict[str, str],
     launched_at: float,
     links: Sequence[Any] = (),
+    foreign: Sequence[Any] | None = None,
 ) -> None:
+    if foreign is not None:  # forked from the parent: its peers' pipe ends and the parent's handlers
+        for conn in foreign:  # a peer's death must close its pipe
+            conn.close()
+        for name in ("SIGTERM", "SIGHUP"):  # as a fork server's rank: stopped by them, silently
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()  # a forked rank starts with the fork server's environment, from its start
     os.environ.update(env)
     os.environ.update(
@@ -255,12 +281,14 @@ def launch(
     cancel: CancelToken | None = None,
     backend: str | None = None,
     preload: Sequence[str] = DEFAULT_PRELOAD,
+    fork_parent: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, world, report, *args)`` on ``nprocs`` spawned ranks; their results in rank order.
 
     ``fn`` must be importable by name (module level). ``report(stage, fraction)`` sends progress.
     ``preload``: what the fork server imports once for every rank (beside ``fn``'s module); a fork
-    server already running keeps what it has.
+    server already running keeps what it has. ``fork_parent``: fork this process instead, when
+    :func:`can_fork_parent` (else the fork server).
     """
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
@@ -269,15 +297,23 @@ def launch(
 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
     launched_at = time.time()
-    ctx = _context(fn, preload)
+    ctx = _context(fn, preload, fork_parent)
+    forked = ctx.get_start_method() == "fork"
+    if forked:  # what this process has buffered would be written again by each rank
+        sys.stdout.flush()
+        sys.stderr.flush()
     q = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
     links = _links(ctx, nprocs) if backend == PIPES else [[] for _ in range(nprocs)]
+
+    def foreign(r: int) -> list[Any] | None:
+        return [c for other, own in enumerate(links) if other != r for c in own] if forked else None
+
     procs = [
         ctx.Process(
             target=_entry,
-            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at, links[r]),
+            args=(r, nprocs, port, backend, timeout, fn, args, q, env, launched_at, links[r], foreign(r)),
             daemon=True,
             name=f"dcpstudio-rank{r}",
         )

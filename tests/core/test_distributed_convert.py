@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -255,9 +256,10 @@ def test_cli_refusals(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_torch_free_ranks_from_the_command_line(tmp_path: Path) -> None:
-    """``dcpstudio convert --ranks 2`` as a command: ranks linked by pipes, forked from a server
-    that has no torch. A float32 -> bfloat16 cast of bytes in place runs torch-free in both (a NaN
-    run is left to torch); the same bytes as one process; a killed rank publishes nothing."""
+    """``dcpstudio convert --ranks 2`` as a command: ranks linked by pipes, forks of the command
+    (which has no torch). A float32 -> bfloat16 cast of bytes in place runs torch-free in both (a
+    NaN run is left to torch); the same bytes as one process; a killed rank publishes nothing, nor
+    does a command stopped by SIGTERM midway (sent by rank 1 to its parent: the command itself)."""
     env = {**os.environ, "DCPSTUDIO_SAVE_ID": "test"}
     g = torch.Generator().manual_seed(2)
     nan = torch.randn(300, 70, generator=g)
@@ -282,6 +284,16 @@ def test_torch_free_ranks_from_the_command_line(tmp_path: Path) -> None:
         timeout=120,
     )
     assert killed.returncode != 0 and "rank 1 was killed" in killed.stderr, killed.stderr[-500:]
+    assert sorted(os.listdir(tmp_path)) == ["many", "one", "src.pt"]
+    stopped = subprocess.run(
+        [*cmd, str(tmp_path / "stopped.safetensors"), "--dtype", "bf16", "--ranks", "2"],
+        env={**env, KILL_VARIABLE: "1:parent"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-500:]
+    assert "Traceback" not in stopped.stderr and len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
     assert sorted(os.listdir(tmp_path)) == ["many", "one", "src.pt"]
     # a rank's refusal reads as one line, as one process's would: "rank 0: <what>", no type names
     missing = subprocess.run(

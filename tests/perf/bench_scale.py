@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--manifest", action="store_true", help="ours write their manifest (default: --no-manifest)")
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one on the work disk)")
     parser.add_argument("--baseline", default=None, help="a Python with an earlier dcpstudio, run alongside")
+    parser.add_argument("--case", choices=("cast", "skewed"), action="append", help="only this case (repeatable)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.dir or os.path.expanduser("~")))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -109,7 +110,7 @@ def main() -> None:
     work: dict[tuple[str, str], list[float]] = {}  # the conversion after start-up: what more ranks divide
     shares: dict[tuple[str, str], list[int]] = {}
     try:
-        for case in ("cast", "skewed"):
+        for case in args.case or ("cast", "skewed"):
             src = root / f"{case}.pt"
             shard_dir = root / f"{case}_shards"
             shard_dir.mkdir()
