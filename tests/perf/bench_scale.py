@@ -72,6 +72,23 @@ dist.destroy_process_group()
 """
 
 
+WRITE_ONLY = r"""
+import mmap, os, sys, threading
+path, size = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.ftruncate(fd, size)
+def half(k):
+    out, buf = os.open(path, os.O_WRONLY | os.O_DIRECT), mmap.mmap(-1, 16 << 20)
+    for at in range(k * size // 2, (k + 1) * size // 2, 16 << 20):
+        os.pwrite(out, buf, at)
+    os.close(out)
+threads = [threading.Thread(target=half, args=(k,)) for k in (0, 1)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+os.fsync(fd)
+"""
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -122,8 +139,12 @@ def main() -> None:
             contenders = {
                 "dcpstudio, 1 process": lambda dst, extra=extra, src=src: [
                     sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), *extra],
+                "dcpstudio --ranks 1": lambda dst, extra=extra, src=src: [
+                    sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), *extra, "--ranks", "1"],
                 "dcpstudio --ranks 2": lambda dst, extra=extra, src=src: [
                     sys.executable, "-m", "dcpstudio", "convert", str(src), str(dst), *extra, "--ranks", "2"],
+                "the output's bytes alone": lambda dst, case=case: [
+                    sys.executable, "-c", WRITE_ONLY, str(dst), str((1 if case == "cast" else 2) << 30)],
             }  # fmt: skip
             if args.baseline:
                 earlier = [args.baseline, "-m", "dcpstudio", "convert", str(src)]
@@ -144,7 +165,10 @@ def main() -> None:
                     with open("/proc/loadavg") as f:
                         load = f.read().split()[0]
                     seconds, stdout = _run(contenders[name](dst), env)
-                    if "torch" in name:
+                    if name.startswith("the output"):  # what the disk takes for the output's bytes
+                        shares[(case, name)] = [dst.stat().st_size]
+                        busy = seconds
+                    elif "torch" in name:
                         t0 = time.perf_counter()
                         os.sync()  # torch's writer does not flush; ours fsyncs before it returns
                         seconds += time.perf_counter() - t0
@@ -178,7 +202,16 @@ def main() -> None:
             f"{_spread(shares[(case, name)])}"
         )
     print("converting: ours, the time the summary reports (1 process: after start-up; ranks: the slowest rank,")
-    print("after the ranks joined); torch's, the consolidation call on its slowest rank")
+    print("after the ranks joined); torch's, the consolidation call on its slowest rank; the output's bytes")
+    print("alone: as many bytes written as 2 ranks write them (a pre-sized file, a thread per half, 16 MiB")
+    print("blocks past the page cache, fsync), with nothing to read or compute")
+    for case in args.case or ("cast", "skewed"):
+        one, disk = results.get((case, "dcpstudio, 1 process")), results.get((case, "the output's bytes alone"))
+        if one and disk:  # 2 ranks cannot beat the start-up one process pays, plus half its work or the disk
+            base, busy = statistics.median(one), statistics.median(work[(case, "dcpstudio, 1 process")])
+            floor = base - busy + max(busy / 2, statistics.median(disk))
+            print(f"{case}: the least 2 ranks could take here, start-up {base - busy:.2f} s + the larger of half the "
+                  f"conversion and the disk's write {floor:.2f} s ({floor / base:.2f}x)")
     with open("/proc/loadavg") as f:
         print(f"load average at the end: {f.read().strip()}")
 
