@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import DCPStudioError, DestinationExistsError
 from .remote.locations import RemotePath, as_location, is_url
 
-__all__ = ["atomic_into", "atomic_output", "fsync_tree"]
+__all__ = ["atomic_into", "atomic_output", "check_parent", "fsync_tree"]
 
 _TAG = ".dcpstudio-tmp-"
 
@@ -92,6 +92,16 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def check_parent(dst: str | os.PathLike[str]) -> None:
+    """The folder a local output ``dst`` is written in exists and takes new files."""
+    dst = Path(dst).absolute()
+    parent = dst.parent
+    if not parent.is_dir():
+        raise DCPStudioError(f"cannot write {dst}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DCPStudioError(f"cannot write {dst}: directory {parent} is not writable")
+
+
 @contextlib.contextmanager
 def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool = False) -> Iterator[Any]:
     """Yield a path to write the output at; move it to ``dst`` when the block succeeds.
@@ -108,11 +118,8 @@ def atomic_output(dst: str | os.PathLike[str] | RemotePath, *, overwrite: bool =
     dst = Path(dst).absolute()
     if dst.exists() and not overwrite:
         raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
+    check_parent(dst)
     parent = dst.parent
-    if not parent.is_dir():
-        raise DCPStudioError(f"cannot write {dst}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DCPStudioError(f"cannot write {dst}: directory {parent} is not writable")
     clean_stale_temporaries(dst)
     tmp_dir, lock = _locked_stage(parent / f".{dst.name}{_TAG}{os.getpid()}-{secrets.token_hex(4)}", dst)
     payload = tmp_dir / dst.name

@@ -295,11 +295,33 @@ def test_torch_free_ranks_from_the_command_line(tmp_path: Path) -> None:
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-500:]
     assert "Traceback" not in stopped.stderr and len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
     assert sorted(os.listdir(tmp_path)) == ["many", "one", "src.pt"]
-    # a rank's refusal reads as one line, as one process's would: "rank 0: <what>", no type names
+    # refused before any rank starts, as one process refuses it: one line, no rank, no type names
     missing = subprocess.run(
         [*cmd, str(tmp_path / "nowhere" / "x.safetensors"), "--ranks", "2"], capture_output=True, text=True, timeout=120
     )
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
-        f"dcpstudio: error: rank 0: cannot write {tmp_path / 'nowhere' / 'x.safetensors'}: directory "
+        f"dcpstudio: error: cannot write {tmp_path / 'nowhere' / 'x.safetensors'}: directory "
         f"{tmp_path / 'nowhere'} does not exist"
     ], missing.stderr
+
+
+def _refusing_rank(rank: int, world: int, report: Any, error: str) -> int:
+    if rank == 1:
+        from dcpstudio.core.errors import DCPStudioError
+
+        raise DCPStudioError(error) if error.startswith("cannot") else ValueError(error)
+    return rank
+
+
+def test_a_ranks_error_reads_as_one_process_error() -> None:
+    """A rank's own refusal reaches the user as one process's would, named by its rank: our errors
+    in their own words, anything else with its type."""
+    from dcpstudio.core.ranks.launch import PIPES, launch
+
+    for error, shown in (
+        ("cannot write /x: No space left on device", "rank 1: cannot write /x: No space left on device"),
+        ("bad value", "rank 1: ValueError: bad value"),
+    ):
+        with pytest.raises(LaunchError) as caught:
+            launch(_refusing_rank, (error,), nprocs=2, timeout=60, backend=PIPES, preload=("numpy",))
+        assert str(caught.value) == shown

@@ -22,7 +22,7 @@ from ...formats.dcp.files import DCPItem, write_dcp
 from ...formats.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
 from ...formats.readback import ReadBack
 from ...formats.torchsave.writer import archive_name
-from ...io.atomic import atomic_into, atomic_output, refuse_bucket
+from ...io.atomic import atomic_into, atomic_output, check_parent, refuse_bucket
 from ...io.files import create_file, sync_file
 from ...io.raw import Hole
 from ...io.remote.locations import RemotePath
@@ -147,13 +147,16 @@ def check_replaceable(dst: Path, target: Target, overwrite: bool, src: Any = Non
     """An existing destination is replaced only with ``overwrite``, and only when it is a checkpoint
     of the target's kind (or an empty folder): never an arbitrary file or folder. A folder that a
     DCP is written into (:func:`writes_into`) is not replaced: ``overwrite`` is needed only when it
-    already holds a DCP checkpoint, whose files are then replaced by the new one's."""
+    already holds a DCP checkpoint, whose files are then replaced by the new one's. A new local
+    output's folder must exist and take files (refused here, before anything is read)."""
     refuse_bucket(dst)
     if src is not None and writes_into(src, dst, target):
         if (dst / ".metadata").exists() and not overwrite:
             raise DestinationExistsError(f"{dst} already holds a DCP checkpoint; pass --overwrite to replace it")
         return
     if not (dst.exists() or dst.is_symlink()):
+        if not isinstance(dst, RemotePath):
+            check_parent(dst)
         return
     if not overwrite:
         raise DestinationExistsError(f"{dst} already exists; pass --overwrite to replace it")
