@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .distributed import distributed_requested, run_distributed_convert
-from .flags import check_load_flags, resolve_target
+from .flags import check_load_flags, convert_options, resolve_target
 from .mapping_commands import check_mapping_flags, run_map_convert, run_map_verify, run_mappings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -76,38 +76,15 @@ def _run_convert(args: argparse.Namespace) -> int:
         return _mapped(args, run_map_convert, not (args.quiet or args.dry_run))
     bar = TerminalProgress() if not args.quiet else None
     start = time.monotonic()
-    options: dict[str, Any] = dict(
-        progress=bar,
-        include=args.include,
-        exclude=args.exclude,
-        overwrite=args.overwrite,
-        trust_pickle=args.trust_pickle,
-        allow_expansion=args.allow_expansion,
-        allow_empty=args.allow_empty,
-        dequantize=args.dequantize,
-        manifest=args.manifest,
-    )
     named = getattr(args, "named", None)
+    options = convert_options(args, named=named is not None)
     to = resolve_target(args.dst, getattr(args, "to", None), named, getattr(args, "max_shard_size", None) is not None)
     try:
         if named is not None:  # format_utils' names: the source format is part of the command
             named_fn = torch_save_to_dcp if named == "torch_to_dcp" else dcp_to_torch_save
-            result = named_fn(args.src, args.dst, **options)
+            result = named_fn(args.src, args.dst, progress=bar, **options)
         else:
-            result = convert(
-                args.src,
-                args.dst,
-                to=to,
-                max_shard_size=args.max_shard_size,
-                dtype=args.dtype,
-                strip_prefix=args.strip_prefix,
-                files=args.files,
-                max_file_size=args.max_file_size,
-                for_ranks=args.for_ranks,
-                layout=args.layout,
-                mesh=args.mesh,
-                **options,
-            )
+            result = convert(args.src, args.dst, to=to, progress=bar, **options)
     finally:
         if bar is not None:
             bar.close()

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .flags import UsageError
+from .flags import UsageError, convert_options
 
 __all__ = ["RanksProgress", "distributed_requested", "run_distributed_convert"]
 
@@ -60,36 +60,14 @@ class RanksProgress:
 
 
 def _options(args: argparse.Namespace, mapping: bool, to: str | None) -> dict[str, Any]:
-    if getattr(args, "for_ranks", None) is not None or getattr(args, "layout", None) or getattr(args, "mesh", None):
+    if any(getattr(args, name, None) for name in ("for_ranks", "layout", "mesh")):
         raise UsageError("--for-ranks (resharding) runs on one process: drop --ranks, or run it outside torchrun")
-    common = dict(
-        overwrite=args.overwrite,
-        trust_pickle=args.trust_pickle,
-        to=to,
-        max_shard_size=args.max_shard_size,
-        manifest=args.manifest,
-    )
     if mapping:
-        return dict(
-            common,
-            mapping=args.mapping,
-            config=args.config,
-            hf_assets=args.hf_assets,
-            allow_unmapped=args.allow_unmapped,
-            to=getattr(args, "to", None),
-        )
-    return dict(
-        common,
-        include=args.include,
-        exclude=args.exclude,
-        allow_expansion=args.allow_expansion,
-        allow_empty=args.allow_empty,
-        dequantize=args.dequantize,
-        dtype=args.dtype,
-        strip_prefix=args.strip_prefix,
-        files=args.files,
-        max_file_size=args.max_file_size,
-    )
+        return dict(convert_options(args, mapping=True), mapping=args.mapping, config=args.config, to=args.to)
+    options = convert_options(args)
+    for name in ("for_ranks", "layout", "mesh"):  # refused above: none given
+        del options[name]
+    return dict(options, to=to)
 
 
 def _summary(result: Any, shares: list[Any], seconds: float) -> None:

@@ -4,7 +4,10 @@ fallback, and never an error of the library underneath that names none of our fl
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "check_load_flags", "resolve_target"]
+import argparse
+from typing import Any
+
+__all__ = ["UsageError", "check_load_flags", "convert_options", "resolve_target"]
 
 _FORMATS = {"dcp": "a DCP directory", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 _NAMED = {"torch_to_dcp": "dcp", "dcp_to_torch": "torch"}
@@ -34,6 +37,44 @@ def resolve_target(dst: str, to: str | None, named: str | None = None, sharded: 
     names = "a directory (trailing separator)" if kind == "directory" else _FORMATS[kind]
     fix = "change the destination" + ("" if named is not None else " or drop --to")
     raise UsageError(f"{flag} writes {_FORMATS[wanted]} but the destination {dst!r} names {names}; {fix}")
+
+
+_RESHARD = ("for_ranks", "layout", "mesh")
+
+
+def convert_options(args: argparse.Namespace, *, mapping: bool = False, named: bool = False) -> dict[str, Any]:
+    """``convert``'s keyword options from its flags, for every way it runs (one process, ranks, a
+    mapping): with ``mapping``, ``map_convert``'s (``--to`` and ``--max-shard-size`` beside its
+    own); ``named`` (``torch_to_dcp``, ``dcp_to_torch``), the selection only; else ``convert``'s,
+    resharding included (``for_ranks``, ``layout``, ``mesh``). ``to``, progress and, for a mapping,
+    ``mapping``/``config``/``dry_run`` are the caller's."""
+    common: dict[str, Any] = dict(overwrite=args.overwrite, trust_pickle=args.trust_pickle, manifest=args.manifest)
+    if mapping:
+        return dict(
+            common,
+            max_shard_size=getattr(args, "max_shard_size", None),
+            hf_assets=args.hf_assets,
+            allow_unmapped=args.allow_unmapped,
+        )
+    selection = dict(
+        common,
+        include=args.include,
+        exclude=args.exclude,
+        allow_expansion=args.allow_expansion,
+        allow_empty=args.allow_empty,
+        dequantize=args.dequantize,
+    )
+    if named:
+        return selection
+    return dict(
+        selection,
+        max_shard_size=args.max_shard_size,
+        dtype=args.dtype,
+        strip_prefix=args.strip_prefix,
+        files=args.files,
+        max_file_size=args.max_file_size,
+        **{name: getattr(args, name, None) for name in _RESHARD},
+    )
 
 
 def check_load_flags(ranks: int | None, mesh: str | None, world: str = "--ranks is") -> int | None:

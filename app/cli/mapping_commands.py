@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .flags import UsageError
+from .flags import UsageError, convert_options
 
 __all__ = ["check_mapping_flags", "run_map_convert", "run_map_verify", "run_mappings"]
 
@@ -46,14 +46,9 @@ def run_map_convert(args: argparse.Namespace, bar: object) -> int:
         args.mapping,
         args.config,
         to=getattr(args, "to", None),
-        hf_assets=args.hf_assets,
         dry_run=args.dry_run,
-        allow_unmapped=args.allow_unmapped,
-        overwrite=args.overwrite,
-        trust_pickle=args.trust_pickle,
-        max_shard_size=getattr(args, "max_shard_size", None),
-        manifest=args.manifest,
         progress=bar,
+        **convert_options(args, mapping=True),
     )
     if args.dry_run:
         print(done.plan.text())
