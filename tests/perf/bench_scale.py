@@ -210,8 +210,10 @@ def main() -> None:
         if one and disk:  # 2 ranks cannot beat the start-up one process pays, plus half its work or the disk
             base, busy = statistics.median(one), statistics.median(work[(case, "dcpstudio, 1 process")])
             floor = base - busy + max(busy / 2, statistics.median(disk))
-            print(f"{case}: the least 2 ranks could take here, start-up {base - busy:.2f} s + the larger of half the "
-                  f"conversion and the disk's write {floor:.2f} s ({floor / base:.2f}x)")
+            print(
+                f"{case}: the least 2 ranks could take here, start-up {base - busy:.2f} s + the larger of half the "
+                f"conversion and the disk's write {floor:.2f} s ({floor / base:.2f}x)"
+            )
     with open("/proc/loadavg") as f:
         print(f"load average at the end: {f.read().strip()}")
 
