@@ -73,3 +73,25 @@ def test_direct_writer_places_ragged_blocks(tmp_path) -> None:  # type: ignore[n
     finally:
         os.close(fd)
     assert path.read_bytes() == expected
+
+
+def test_cast_into_dcp_files_is_torchs_cast(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A DCP target's cast is computed block by block into each data file's records (as for
+    torch.save and safetensors): ``dcp.load`` reads torch's own cast, over several files, with a
+    manifest ``check`` verifies, and a value beside the tensors."""
+    import torch.distributed.checkpoint as dcp
+
+    from dcpstudio.core import convert
+    from dcpstudio.core.ops.integrity import check_path
+
+    g = torch.Generator().manual_seed(5)
+    sd = {"a": torch.randn(700, 333, generator=g), "b": torch.randn(5000, generator=g), "step": 7}
+    torch.save(sd, tmp_path / "src.pt")
+    convert(tmp_path / "src.pt", tmp_path / "out", to="dcp", dtype="bf16", files=2)
+    got = {"a": torch.empty(700, 333, dtype=torch.bfloat16), "b": torch.empty(5000, dtype=torch.bfloat16), "step": 0}
+    dcp.load(got, checkpoint_id=str(tmp_path / "out"))
+    for k in ("a", "b"):
+        assert torch.equal(got[k].view(torch.int16), sd[k].to(torch.bfloat16).view(torch.int16))
+    assert got["step"] == 7
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.distcp")) == ["__0_0.distcp", "__0_1.distcp"]
+    assert check_path(tmp_path / "out").whole

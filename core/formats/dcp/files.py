@@ -20,6 +20,7 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +44,8 @@ from ..torchsave.archive import CHUNK_MEMBERS
 from ..torchsave.writer import write_archive, write_tensor_archive
 from ..torchsave.zip import FileView, read_zip_records
 from .tiling import check_tiling
+
+SelfWritten = Callable[[IO[bytes], Callable[[Hole], None]], int]  # writes a tensor's bytes, returns their CRC
 
 __all__ = [
     "METADATA_FILE",
@@ -255,7 +258,7 @@ def storage_info(relative_path: str, offset: int, length: int) -> Any:
 def write_dcp(
     directory: Path,
     items: Sequence[DCPItem],
-    payload: Callable[[TensorRef], Payload],
+    payload: Callable[[TensorRef], Payload | SelfWritten],
     *,
     checkpoint_id: str,
     on_item: Callable[[DCPItem], None],
@@ -266,18 +269,15 @@ def write_dcp(
     reader: Callable[[], ReadBack] = ReadBack,
 ) -> None:
     """Write ``items`` as a DCP checkpoint into the new directory ``directory``: values first,
-    then tensors (as torch's writer orders them), each tensor's bytes from ``payload(tensor)`` --
-    computed for the next tensor on a helper thread while the current one is written. Calls
-    ``on_item`` after each item (it may raise to cancel). Every file is fsynced.
-
-    The items go to one data file, or are spread in order over ``files`` data files of about equal
-    size, or over as many as needed to keep each under ``max_file_size`` (a tensor larger than that
-    gets a file of its own: chunks stay whole).
-
+    then tensors (as torch's writer orders them), each tensor's bytes from ``payload(tensor)``,
+    computed on a helper thread while the current one is written (a callable writes them: a cast).
+    Calls ``on_item`` after each item (it may raise to cancel). Every file is fsynced. The items go
+    to one data file, or in order over ``files`` data files of about equal size, or over as many as
+    keep each under ``max_file_size`` (a larger tensor gets a file of its own: chunks stay whole).
     With ``manifest``, each tensor's digest and moments and each file's SHA-256 are recorded in it
-    from the bytes as they are written, and it is written as ``dcpstudio-manifest.json`` before
-    ``.metadata`` (values are not in it: their digests need torch). ``reader`` reads a local output
-    back (a layout pass's stand-in knows the digests already)."""
+    from the bytes written, and it is written as ``dcpstudio-manifest.json`` before ``.metadata``
+    (values are not in it: their digests need torch). ``reader`` reads a local output back (a
+    layout pass's stand-in knows the digests already)."""
     directory.mkdir()
     values = [i for i in items if i.tensor is None]
     tensors = [i for i in items if i.tensor is not None]
@@ -287,7 +287,7 @@ def write_dcp(
     storage_data: dict[Any, Any] = {}
     state_dict_metadata: dict[str, Any] = {}
 
-    def produce(item: DCPItem) -> bytes | Payload:
+    def produce(item: DCPItem) -> bytes | Payload | SelfWritten:
         if item.tensor is None:
             return write_archive(item.value)
         return payload(item.tensor)
@@ -311,7 +311,9 @@ def write_dcp(
                 f.write(data)
                 index = _record("MetadataIndex", fqn=item.fqn, index=None)
             else:
-                if manifest is not None and back is None:
+                if callable(data):  # it writes its own bytes
+                    at = write_tensor_archive(f, t.dtype, t.shape, partial(data, f))
+                elif manifest is not None and back is None:
                     tap = TensorTap(t.dtype.name, tuple(t.shape))
                     crc = data.crc if isinstance(data, FileRange) else data[1]
                     body = data if isinstance(data, FileRange) else data[0]

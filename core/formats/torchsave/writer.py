@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -122,7 +123,13 @@ def write_tensor_archive(
     f: BinaryIO,
     dtype: DType,
     shape: tuple[int, ...],
-    data: FileRange | Hole | bytes | bytearray | memoryview | Iterator[bytes | bytearray | memoryview],
+    data: FileRange
+    | Hole
+    | bytes
+    | bytearray
+    | memoryview
+    | Iterator[bytes | bytearray | memoryview]
+    | Callable[[Callable[[Hole], None]], int],
     *,
     crc: int | None = None,
     label: str = "",
@@ -130,8 +137,10 @@ def write_tensor_archive(
 ) -> int:
     """What ``torch.save(tensor, f)`` writes for a contiguous tensor -- the archive DCP stores for
     each tensor chunk -- with its bytes from memory (and their ``crc`` if known), copied from a
-    :class:`FileRange`, or streamed from an iterator of pieces in row-major order (``f`` must then
-    be seekable: the record's CRC is filled in after its bytes). Returns where the bytes start."""
+    :class:`FileRange`, streamed from an iterator of pieces in row-major order (``f`` must then
+    be seekable: the record's CRC is filled in after its bytes), or written by ``data`` itself:
+    called with the function that reserves the record's bytes (a :class:`Hole`, placed in ``f``),
+    it writes them there and returns their CRC-32. Returns where the bytes start."""
     numel = math.prod(shape)
     writer = TorchSaveWriter(f, archive)
     storage = StorageRef.for_tensor("0", dtype, numel, None)
@@ -140,6 +149,8 @@ def write_tensor_archive(
         writer.copy_storage(key, data, label)
     elif isinstance(data, (bytes, bytearray, memoryview, Hole)):
         writer.write_storage(key, data, crc)
+    elif callable(data):
+        writer.set_crc(key, data(partial(writer.write_storage, key)))
     else:
         writer.stream_storage(key, storage.nbytes, data, crc)
     writer.finish()

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from ...pickles.tensor_io import Payload, tensor_bytes
 from ...progress import Reporter
 from .computed import castable
 from .transform import Transform
-from .writers import write_safetensors_file, write_torch_save_file
+from .writers import FileCasts, write_safetensors_file, write_torch_save_file
 
 __all__ = [
     "INDEX_FILE",
@@ -269,16 +270,21 @@ def write_dcp_output(
     files of at most ``max_file_size``; one by default) -- into ``dst`` beside ``source`` when
     :func:`writes_into` says so. ``payload``, ``at``: as for :func:`write_torch_save_output`."""
     _no_manifest(payload, manifest, reader)
+    casts = FileCasts(reporter)
 
-    def produce(t: TensorRef) -> Payload | Hole:
+    def produce(t: TensorRef) -> Payload | Hole | Callable[[Any, Callable[[Hole], None]], int]:
         reporter.check()
-        return payload(t) if payload else tensor_bytes(t, need_crc=True)
+        if payload:
+            return payload(t)
+        if not isinstance(dst, RemotePath) and castable(t):  # computed block by block as it is written
+            return partial(casts.write, t)
+        return tensor_bytes(t, need_crc=True)
 
     def on_item(item: DCPItem) -> None:
         reporter.advance(item.tensor.nbytes if item.tensor is not None else 0, current=item.fqn)
 
     try:
-        with output_context(dst, overwrite, at, source) as tmp:
+        with output_context(dst, overwrite, at, source) as tmp, casts:
             write_dcp(
                 tmp,
                 items,

@@ -25,7 +25,7 @@ from ...pickles.tensor_io import Payload
 from ...progress import Reporter
 from .computed import CastReader, direct_writer, write_cast
 
-__all__ = ["write_safetensors_file", "write_torch_save_file"]
+__all__ = ["FileCasts", "write_safetensors_file", "write_torch_save_file"]
 
 
 def write_safetensors_file(
@@ -130,6 +130,34 @@ class _Casts:
     def __exit__(self, *exc: object) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+class FileCasts:
+    """The casts of a DCP's data files, each file's through one direct writer (:class:`_Casts`),
+    closed -- its buffers freed -- when the next file begins and at the end."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._reporter = reporter
+        self._file: Any = None
+        self._casts: _Casts | None = None
+
+    def write(self, t: TensorRef, f: Any, reserve: Callable[[Hole], None]) -> int:
+        if f is not self._file:
+            self.close()
+            self._file, self._casts = f, _Casts(str(f.name), f, self._reporter)
+        assert self._casts is not None
+        return self._casts.write(reserve, t, crc=True)
+
+    def close(self) -> None:
+        if self._casts is not None:
+            self._casts.__exit__(None, None, None)
+        self._file = self._casts = None
+
+    def __enter__(self) -> FileCasts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_torch_save_file(
