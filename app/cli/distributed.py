@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .flags import UsageError, convert_options
+from .flags import RESHARD_FLAGS, UsageError, convert_options
 
 __all__ = ["RanksProgress", "distributed_requested", "run_distributed_convert"]
 
@@ -60,12 +60,12 @@ class RanksProgress:
 
 
 def _options(args: argparse.Namespace, mapping: bool, to: str | None) -> dict[str, Any]:
-    if any(getattr(args, name, None) for name in ("for_ranks", "layout", "mesh")):
+    if any(getattr(args, name, None) for name in RESHARD_FLAGS):
         raise UsageError("--for-ranks (resharding) runs on one process: drop --ranks, or run it outside torchrun")
     if mapping:
         return dict(convert_options(args, mapping=True), mapping=args.mapping, config=args.config, to=args.to)
     options = convert_options(args)
-    for name in ("for_ranks", "layout", "mesh"):  # refused above: none given
+    for name in RESHARD_FLAGS:  # refused above: none given
         del options[name]
     return dict(options, to=to)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["UsageError", "check_load_flags", "convert_options", "resolve_target"]
+__all__ = ["RESHARD_FLAGS", "UsageError", "check_load_flags", "convert_options", "resolve_target"]
 
 _FORMATS = {"dcp": "a DCP directory", "torch": "a torch.save file", "safetensors": "a safetensors checkpoint"}
 _NAMED = {"torch_to_dcp": "dcp", "dcp_to_torch": "torch"}
@@ -39,7 +39,7 @@ def resolve_target(dst: str, to: str | None, named: str | None = None, sharded: 
     raise UsageError(f"{flag} writes {_FORMATS[wanted]} but the destination {dst!r} names {names}; {fix}")
 
 
-_RESHARD = ("for_ranks", "layout", "mesh")
+RESHARD_FLAGS = ("for_ranks", "layout", "mesh")  # resharding (`--for-ranks`): one process only
 
 
 def convert_options(args: argparse.Namespace, *, mapping: bool = False, named: bool = False) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def convert_options(args: argparse.Namespace, *, mapping: bool = False, named: b
         strip_prefix=args.strip_prefix,
         files=args.files,
         max_file_size=args.max_file_size,
-        **{name: getattr(args, name, None) for name in _RESHARD},
+        **{name: getattr(args, name, None) for name in RESHARD_FLAGS},
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...errors import DCPStudioError, DestinationExistsError
-from ...formats.dcp.files import DCPItem, write_dcp
+from ...formats.dcp.files import DCPItem, SelfWritten, write_dcp
 from ...formats.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
 from ...formats.readback import ReadBack
 from ...formats.torchsave.writer import archive_name
@@ -272,7 +272,7 @@ def write_dcp_output(
     _no_manifest(payload, manifest, reader)
     casts = FileCasts(reporter)
 
-    def produce(t: TensorRef) -> Payload | Hole | Callable[[Any, Callable[[Hole], None]], int]:
+    def produce(t: TensorRef) -> Payload | Hole | SelfWritten:
         reporter.check()
         if payload:
             return payload(t)
