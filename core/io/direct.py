@@ -22,7 +22,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["ALIGN", "Block", "DirectWriter", "pwrite_all"]
+__all__ = ["ALIGN", "Block", "BlockPool", "DirectWriter", "pwrite_all"]
 
 ALIGN = 4096  # a multiple of every logical block size and DMA alignment O_DIRECT asks for here
 _REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
@@ -49,18 +49,70 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-class DirectWriter:
-    """Positioned writes into the file ``path``, open for writing as ``fd`` (the caller's: it
-    stays open, and its ``fsync`` covers these writes). Blocks of at most ``capacity`` bytes, at
-    most ``keep`` of them kept for reuse; thread-safe (one thread may fill while another writes)."""
+class BlockPool:
+    """Page-aligned buffers for blocks of at most ``capacity`` bytes, at most ``keep`` of them kept
+    free for reuse; thread-safe. One pool can serve the writers of many files, so a conversion's
+    memory does not grow with its number of output files."""
 
-    def __init__(self, path: str | Path, fd: int, capacity: int, keep: int = 3) -> None:
-        self._fd = fd
-        self._capacity = capacity + ALIGN
+    def __init__(self, capacity: int, keep: int = 3) -> None:
+        self.capacity = capacity
+        self._size = capacity + ALIGN
         self._keep = keep
         self._free: list[mmap.mmap] = []
         self._all: list[mmap.mmap] = []
         self._lock = threading.Lock()
+
+    @property
+    def allocated(self) -> int:
+        """How many buffers this pool holds (lent or free)."""
+        with self._lock:
+            return len(self._all)
+
+    def take(self, nbytes: int) -> mmap.mmap:
+        if nbytes > self.capacity:
+            raise ValueError(f"a block of {nbytes} bytes exceeds the writer's {self.capacity}")
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        buf = mmap.mmap(-1, self._size)
+        with self._lock:
+            self._all.append(buf)
+        return buf
+
+    def give(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(buf)
+            else:
+                self._all.remove(buf)  # freed when the last view of it goes
+
+    def close(self) -> None:
+        """Free the buffers (none may be in use)."""
+        with self._lock:
+            buffers, self._all, self._free = self._all, [], []
+        for buf in buffers:
+            with contextlib.suppress(BufferError):  # a view still exported (an error path): freed with it
+                buf.close()
+
+    def __enter__(self) -> BlockPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DirectWriter:
+    """Positioned writes into the file ``path``, open for writing as ``fd`` (the caller's: it
+    stays open, and its ``fsync`` covers these writes). Blocks of at most ``capacity`` bytes from
+    ``pool`` (shared, and left open by :meth:`close`) or from a pool of its own keeping ``keep``;
+    thread-safe (one thread may fill while another writes)."""
+
+    def __init__(
+        self, path: str | Path, fd: int, capacity: int = 0, keep: int = 3, pool: BlockPool | None = None
+    ) -> None:
+        self._fd = fd
+        self._owned = pool is None
+        self._pool = BlockPool(capacity, keep) if pool is None else pool
         self._direct: int | None = None
         flag = getattr(os, "O_DIRECT", 0)
         if flag:
@@ -76,15 +128,7 @@ class DirectWriter:
 
     def block(self, offset: int, nbytes: int) -> Block:
         """A buffer for ``nbytes`` (at most the capacity) bound for ``offset``."""
-        if nbytes + ALIGN > self._capacity:
-            raise ValueError(f"a block of {nbytes} bytes exceeds the writer's {self._capacity - ALIGN}")
-        with self._lock:
-            buf = self._free.pop() if self._free else None
-        if buf is None:
-            buf = mmap.mmap(-1, self._capacity)
-            with self._lock:
-                self._all.append(buf)
-        return Block(buf, offset, nbytes)
+        return Block(self._pool.take(nbytes), offset, nbytes)
 
     def write(self, block: Block) -> None:
         """Write ``block`` at its offset and take its buffer back (``block`` is spent)."""
@@ -105,9 +149,7 @@ class DirectWriter:
             else:
                 pwrite_all(self._fd, view, offset)
         finally:
-            with self._lock:
-                if len(self._free) < self._keep:
-                    self._free.append(block._buf)
+            self._pool.give(block._buf)
 
     def _close_direct(self) -> None:
         if self._direct is not None:
@@ -115,13 +157,10 @@ class DirectWriter:
             self._direct = None
 
     def close(self) -> None:
-        """Close the direct descriptor and free the buffers (none may be in use)."""
+        """Close the direct descriptor, and free the buffers of a pool of its own (none may be in use)."""
         self._close_direct()
-        with self._lock:
-            buffers, self._all, self._free = self._all, [], []
-        for buf in buffers:
-            with contextlib.suppress(BufferError):  # a view still exported (an error path): freed with it
-                buf.close()
+        if self._owned:
+            self._pool.close()
 
     def __enter__(self) -> DirectWriter:
         return self

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dcpstudio.core.dtypes import DTYPES
-from dcpstudio.core.io.direct import ALIGN, DirectWriter
+from dcpstudio.core.io.direct import ALIGN, BlockPool, DirectWriter
 from dcpstudio.core.ops.convert.casting import bf16_from_f32, cast_into
 
 
@@ -73,6 +73,40 @@ def test_direct_writer_places_ragged_blocks(tmp_path) -> None:  # type: ignore[n
     finally:
         os.close(fd)
     assert path.read_bytes() == expected
+
+
+def test_writers_of_many_files_share_one_pool(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The blocks of 8 files' writers, interleaved, come from one pool: the files get their bytes
+    and the pool never holds more buffers than are lent at once plus the ones it keeps."""
+    size = 3 * ALIGN + 5
+    expected = [os.urandom(size) for _ in range(8)]
+    fds = []
+    for i in range(8):
+        (tmp_path / f"{i}.bin").write_bytes(b"\0" * size)
+        fds.append(os.open(tmp_path / f"{i}.bin", os.O_WRONLY))
+    try:
+        with BlockPool(2 * ALIGN, keep=2) as pool:
+            writers = [DirectWriter(tmp_path / f"{i}.bin", fd, pool=pool) for i, fd in enumerate(fds)]
+            for a, b in ((0, ALIGN + 1), (ALIGN + 1, 3 * ALIGN), (3 * ALIGN, size)):
+                lent = [w.block(a, b - a) for w in writers[:2]]  # two lent at once
+                for w, block, data in zip(writers[:2], lent, expected[:2], strict=True):
+                    block.view[:] = data[a:b]
+                    w.write(block)
+                for w, data in zip(writers[2:], expected[2:], strict=True):
+                    block = w.block(a, b - a)
+                    block.view[:] = data[a:b]
+                    w.write(block)
+                assert pool.allocated <= 2
+            for w in writers:
+                w.close()
+            assert pool.allocated == 2  # the writers leave a shared pool open
+        assert pool.allocated == 0
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert [(tmp_path / f"{i}.bin").read_bytes() for i in range(8)] == expected
 
 
 def test_cast_into_dcp_files_is_torchs_cast(tmp_path) -> None:  # type: ignore[no-untyped-def]

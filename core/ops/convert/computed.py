@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import CorruptCheckpointError
-from ...io.direct import Block, DirectWriter
+from ...io.direct import Block, BlockPool, DirectWriter
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange, pread_into
 from ...pickles.refs import TensorRef
 from .casting import cast_into
 from .transform import _Cast
 
-__all__ = ["BLOCK", "CastReader", "castable", "direct_writer", "write_cast"]
+__all__ = ["BLOCK", "CastReader", "block_pool", "castable", "direct_writer", "write_cast"]
 
 BLOCK = 16 << 20  # output bytes per block
 
@@ -102,6 +102,12 @@ def write_cast(
     return value
 
 
-def direct_writer(path: Path | str, fd: int) -> DirectWriter:
-    """A writer of blocks up to :data:`BLOCK` into ``path`` (open as ``fd``)."""
-    return DirectWriter(path, fd, BLOCK)
+def direct_writer(path: Path | str, fd: int, pool: BlockPool | None = None) -> DirectWriter:
+    """A writer of blocks up to :data:`BLOCK` into ``path`` (open as ``fd``), from ``pool`` if given
+    (one made with :func:`block_pool`)."""
+    return DirectWriter(path, fd, BLOCK, pool=pool)
+
+
+def block_pool() -> BlockPool:
+    """Buffers for blocks of :data:`BLOCK` bytes, shared by the direct writers of many files."""
+    return BlockPool(BLOCK)

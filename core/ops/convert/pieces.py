@@ -1,8 +1,8 @@
 """Writing a rank's pieces of a laid-out output (:mod:`.layout`): positioned writes into its
-pre-sized files, each piece's bytes copied in the kernel when they lie in place and need no CRC,
-computed by blocks into aligned buffers written past the page cache when they are a cast
-(:mod:`.computed`), or computed whole once and sliced (a view that is not contiguous, a mapping's
-output, chunks to assemble)."""
+pre-sized files. A piece's bytes that lie in place are read into aligned buffers written past the
+page cache (or, where the file refuses ``O_DIRECT`` and no CRC is needed, copied in the kernel);
+a cast is computed by blocks into such buffers (:mod:`.computed`); the rest is computed whole
+once and sliced (a view that is not contiguous, a mapping's output, chunks to assemble)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ...io.pipeline import prefetch
 from ...io.raw import FileRange, pread_into
 from ...pickles.refs import TensorRef
 from ...pickles.tensor_io import materialize, to_bytes
-from .computed import CastReader, castable, direct_writer
+from .computed import CastReader, block_pool, castable, direct_writer
 from .layout import GRAIN, Layout, Piece
 from .transform import _Cast
 
@@ -102,23 +102,46 @@ def write_pieces(
     advance: Callable[[int], None],
     check: Callable[[], None] = lambda: None,
 ) -> list[tuple[int, int, int]]:
-    """Write ``pieces`` into the pre-sized files under ``root`` (positioned writes; bytes in place
-    copied in the kernel when no CRC is needed), each file flushed to stable storage; returns
-    ``(hole, start, crc)`` per piece (crc 0 when the layout needs none). ``advance(n)`` after each
-    block; ``check()`` may raise to stop."""
+    """Write ``pieces`` into the pre-sized files under ``root`` (positioned writes), each file
+    flushed to stable storage; returns ``(hole, start, crc)`` per piece (crc 0 when the layout
+    needs none). ``advance(n)`` after each block; ``check()`` may raise to stop.
+
+    Casts are computed into aligned blocks written past the page cache, and so are bytes that lie
+    in place, read into such a block, when the file takes ``O_DIRECT``; where it does not, bytes in
+    place that need no CRC are copied in the kernel. All files' blocks come from one pool."""
     source = _Source()
     casts = CastReader()
     fds: dict[str, int] = {}
     direct: dict[str, DirectWriter] = {}
     out: list[tuple[int, int, int]] = []
-    for p in pieces:  # opened here: the blocks are made on another thread
-        name = layout.holes[p.hole][0]
-        if name not in fds:
-            path = root / name if name else root
-            fds[name] = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            if any(castable(layout.sources[q.hole]) and layout.holes[q.hole][0] == name for q in pieces):
-                direct[name] = direct_writer(path, fds[name])
+    pool = block_pool()
+    try:
+        for p in pieces:  # opened here: the blocks are made on another thread
+            name = layout.holes[p.hole][0]
+            if name not in fds:
+                path = root / name if name else root
+                fds[name] = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                direct[name] = direct_writer(path, fds[name], pool)
+        return _write(layout, pieces, fds, direct, source, casts, advance, check, out)
+    finally:
+        for w in direct.values():
+            w.close()
+        pool.close()
+        for fd in fds.values():
+            os.close(fd)
 
+
+def _write(
+    layout: Layout,
+    pieces: Sequence[Piece],
+    fds: dict[str, int],
+    direct: dict[str, DirectWriter],
+    source: _Source,
+    casts: CastReader,
+    advance: Callable[[int], None],
+    check: Callable[[], None],
+    out: list[tuple[int, int, int]],
+) -> list[tuple[int, int, int]]:
     def blocks() -> Iterator[tuple[Piece, int, int]]:
         for p in pieces:
             for s in range(p.start, p.end, GRAIN):
@@ -129,43 +152,41 @@ def write_pieces(
         p, s, e = block
         t = layout.sources[p.hole]
         name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
-        if name in direct and castable(t):  # computed into the block that is written
-            made = direct[name].block(offset + s, e - s)
+        writer = direct[name]
+        if castable(t):  # computed into the block that is written
+            made = writer.block(offset + s, e - s)
             casts.fill(t, s, e, made.view)
             return made
         data = source.bytes(t, s, e)
-        if isinstance(data, FileRange) and (layout.crc or not isinstance(data.fd, int)):
-            data = _read(data)
+        if isinstance(data, FileRange) and (writer.direct or layout.crc or not isinstance(data.fd, int)):
+            made = writer.block(offset + s, e - s)
+            if pread_into(data.fd, made.view, data.start()) < data.nbytes:
+                raise CorruptCheckpointError("a source file ends early (truncated?)")
+            return made
         return data
 
-    try:
-        crc = 0
-        for (p, s, e), data in prefetch(produce, blocks()):
-            name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
-            fd = fds[name]
-            if isinstance(data, FileRange) and not _kernel_copy(data, fd, offset + s):
-                data = _read(data)
-            if isinstance(data, Block):
-                if data.nbytes != e - s:
-                    raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
-                if layout.crc:
-                    crc = zlib.crc32(data.view, crc if s > p.start else 0)
-                direct[name].write(data)
-            elif not isinstance(data, FileRange):
-                if data.nbytes != e - s:
-                    raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
-                if layout.crc:
-                    crc = zlib.crc32(data, crc if s > p.start else 0)
-                pwrite_all(fd, data, offset + s)
-            if e == p.end:
-                out.append((p.hole, p.start, crc if layout.crc else 0))
-                crc = 0
-            advance(e - s)
-        for fd in fds.values():
-            os.fsync(fd)
-    finally:
-        for w in direct.values():
-            w.close()
-        for fd in fds.values():
-            os.close(fd)
+    crc = 0
+    for (p, s, e), data in prefetch(produce, blocks()):
+        name, offset = layout.holes[p.hole][0], layout.holes[p.hole][1]
+        fd = fds[name]
+        if isinstance(data, FileRange) and not _kernel_copy(data, fd, offset + s):
+            data = _read(data)
+        if isinstance(data, Block):
+            if data.nbytes != e - s:
+                raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
+            if layout.crc:
+                crc = zlib.crc32(data.view, crc if s > p.start else 0)
+            direct[name].write(data)
+        elif not isinstance(data, FileRange):
+            if data.nbytes != e - s:
+                raise CorruptCheckpointError(f"tensor {p.hole}: {data.nbytes} bytes computed, {e - s} expected")
+            if layout.crc:
+                crc = zlib.crc32(data, crc if s > p.start else 0)
+            pwrite_all(fd, data, offset + s)
+        if e == p.end:
+            out.append((p.hole, p.start, crc if layout.crc else 0))
+            crc = 0
+        advance(e - s)
+    for fd in fds.values():
+        os.fsync(fd)
     return out
