@@ -5,8 +5,8 @@ has imported what ``preload`` names (by default torch and torch.distributed.chec
 each, in every rank, when spawned) -- or spawned where there is no fork server. They fork the
 parent itself only when it asks for it (``fork_parent``: a one-off command, which has planned
 already and has imported what a rank needs) and :func:`can_fork_parent` holds: one thread, no Qt
--- a fork then costs milliseconds where a fork server's start and imports cost a few tenths of a
-second before any rank runs. They take the parent's environment of the moment,
+application -- a fork then costs milliseconds where a fork server's start and imports cost a few
+tenths of a second before any rank runs. They take the parent's environment of the moment,
 join a process group on a free port (gloo on CPU, nccl when every rank can have a GPU) -- or, with
 the :data:`PIPES` backend, are linked by pipes and import no torch (:mod:`.group`) -- and run
 ``fn(rank, world, report, *args)``; :func:`rank_group` is their group.
@@ -103,11 +103,25 @@ def prestart(preload: Sequence[str]) -> None:
         forkserver.ensure_running()
 
 
+_QT_CORES = ("PySide6.QtCore", "PyQt6.QtCore", "PySide2.QtCore", "PyQt5.QtCore")
+
+
+def _qt_application() -> bool:
+    """Whether a Qt application object exists here (its event loop, sockets to a display and
+    timers would be copied, half alive, into a child). Qt merely imported is not one: a frozen
+    build's Qt hook imports QtCore in every process, the command line's included."""
+    for name in _QT_CORES:
+        core = getattr(sys.modules.get(name), "QCoreApplication", None)
+        if core is not None and core.instance() is not None:
+            return True
+    return False
+
+
 def can_fork_parent() -> bool:
     """Whether this process can be forked safely: the start method exists, and the process runs
     one thread (every native thread counted: a fork keeps only the caller's, and a lock another
-    held stays held in the child) and has not loaded Qt."""
-    if "fork" not in mp.get_all_start_methods() or any(m.startswith(("PySide6", "PyQt")) for m in sys.modules):
+    held stays held in the child) and has no Qt application."""
+    if "fork" not in mp.get_all_start_methods() or _qt_application():
         return False
     try:
         return len(os.listdir("/proc/self/task")) == 1

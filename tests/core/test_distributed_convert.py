@@ -325,3 +325,18 @@ def test_a_ranks_error_reads_as_one_process_error() -> None:
         with pytest.raises(LaunchError) as caught:
             launch(_refusing_rank, (error,), nprocs=2, timeout=60, backend=PIPES, preload=("numpy",))
         assert str(caught.value) == shown
+
+
+def test_a_fork_is_refused_under_a_qt_application_only() -> None:
+    """A process that merely imported QtCore (a frozen build's Qt hook does it in every process,
+    the command line's too) forks its ranks; one with a Qt application object does not."""
+    pytest.importorskip("PySide6")
+    probe = (
+        "from PySide6.QtCore import QCoreApplication\n"
+        "from dcpstudio.core.ranks.launch import can_fork_parent\n"
+        "before = can_fork_parent()\n"
+        "app = QCoreApplication([])\n"
+        "print(before, can_fork_parent())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False"], done.stderr[-500:]
