@@ -11,7 +11,7 @@ import torch
 
 from dcpstudio.core.dtypes import DTYPES
 from dcpstudio.core.io.direct import ALIGN, BlockPool, DirectWriter
-from dcpstudio.core.ops.convert.casting import bf16_from_f32, cast_into
+from dcpstudio.core.ops.convert.casting import bf16_from_f32, cast_into, cast_threads
 
 
 def _torch(bits: np.ndarray) -> np.ndarray:
@@ -54,6 +54,23 @@ def test_bf16_matches_torch_on_every_pattern() -> None:
         bits = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32)
         bits = bits[(bits & 0x7FFFFFFF) <= 0x7F800000]
         assert np.array_equal(_ours(bits), _torch(bits)), hex(start)
+
+
+def test_a_long_cast_on_threads_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cut into parts cast at once on threads: torch's bytes, ragged last part included; a NaN
+    in the last part only still hands the whole run to torch."""
+    bits = np.concatenate([_patterns(), np.random.default_rng(1).integers(0, 1 << 32, 600_000, dtype=np.uint32)])
+    bits = bits[(bits & 0x7FFFFFFF) <= 0x7F800000][: 3 * (1 << 18) + 3]  # 3 MiB and 12 bytes, no NaN
+    out = np.empty(bits.size, dtype=np.uint16)
+    src = memoryview(bits.view(np.float32)).cast("B")
+    assert bf16_from_f32(src, memoryview(out).cast("B"), threads=3)
+    assert np.array_equal(out, _torch(bits))
+    bits[-1] = 0x7FC00001
+    assert not bf16_from_f32(memoryview(bits.view(np.float32)).cast("B"), memoryview(out).cast("B"), threads=3)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # ranks sharing the cores, as torchrun sets it
+    assert cast_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    assert cast_threads() == 8
 
 
 def test_direct_writer_places_ragged_blocks(tmp_path) -> None:  # type: ignore[no-untyped-def]
