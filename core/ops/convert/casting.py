@@ -18,15 +18,18 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ...dtypes import DType
 
-__all__ = ["bf16_from_f32", "cast_into", "cast_threads"]
+T = TypeVar("T")
+
+__all__ = ["bf16_from_f32", "cast_into", "cast_threads", "in_parts", "torch_free"]
 
 _STEP = 1 << 16  # elements per numpy pass: the temporaries stay in the core's cache
-
-
-_PART = 1 << 20  # source bytes a thread casts, at least
+_PART = 1 << 18  # elements a thread casts, at least (1 MiB of float32)
+_ALIGN = 4096  # parts start at multiples of this many elements: torch's vector loops see the same runs
 
 
 def cast_threads() -> int:
@@ -41,22 +44,30 @@ def cast_threads() -> int:
     return max(1, min(n, 8))
 
 
-def bf16_from_f32(src: memoryview, out: memoryview, threads: int | None = None) -> bool:
-    """``src`` (float32 values) rounded to bfloat16 into ``out``, in parts of at least 1 MiB on up to
-    ``threads`` threads at once (default :func:`cast_threads`); False, leaving ``out`` unfinished,
-    when ``src`` holds a NaN (whose bytes torch makes differently on different CPUs)."""
-    n = min(cast_threads() if threads is None else threads, src.nbytes // _PART)
-    if n <= 1:
-        return _bf16_from_f32(src, out)
-    per = -(-(src.nbytes // 4) // n)  # elements per part
-    parts = [(src[i * per * 4 : (i + 1) * per * 4], out[i * per * 2 : (i + 1) * per * 2]) for i in range(n)]
-    done: list[bool | BaseException] = [False] * n
+def torch_free(src_dtype: DType, dst_dtype: DType) -> bool:
+    """Whether :func:`cast_into` casts ``src_dtype`` to ``dst_dtype`` without torch (NaNs aside)."""
+    return src_dtype.name == "float32" and dst_dtype.name == "bfloat16" and "torch" not in sys.modules
+
+
+def in_parts(elements: int, fn: Callable[[int, int], T], threads: int | None = None) -> list[T]:
+    """``fn(start, end)`` over ``[0, elements)`` cut into parts of at least 256 Ki elements, each
+    starting at a multiple of 4,096, run on up to ``threads`` threads at once (default
+    :func:`cast_threads`; numpy and ``pread`` let go of the GIL); their results in order. An error
+    in any part is raised here, once every part has ended."""
+    n = max(1, min(cast_threads() if threads is None else threads, elements // _PART))
+    per = -(-elements // n // _ALIGN) * _ALIGN if n > 1 else elements
+    spans = [(a, min(elements, a + per)) for a in range(0, elements, per)] or [(0, 0)]
+    n = len(spans)
+    if n == 1:
+        return [fn(*spans[0])]
+    done: list[Any] = [None] * len(spans)
+    failed: list[BaseException] = []
 
     def run(i: int) -> None:
         try:
-            done[i] = _bf16_from_f32(*parts[i])
+            done[i] = fn(*spans[i])
         except BaseException as e:  # raised on the caller's thread below
-            done[i] = e
+            failed.append(e)
 
     helpers = [threading.Thread(target=run, args=(i,), name="dcpstudio-cast", daemon=True) for i in range(1, n)]
     for t in helpers:
@@ -64,10 +75,16 @@ def bf16_from_f32(src: memoryview, out: memoryview, threads: int | None = None) 
     run(0)
     for t in helpers:
         t.join()
-    for d in done:
-        if isinstance(d, BaseException):
-            raise d
-    return all(done)
+    if failed:
+        raise failed[0]
+    return done
+
+
+def bf16_from_f32(src: memoryview, out: memoryview, threads: int | None = None) -> bool:
+    """``src`` (float32 values) rounded to bfloat16 into ``out``, in parts on up to ``threads``
+    threads (:func:`in_parts`); False, leaving ``out`` unfinished, when ``src`` holds a NaN (whose
+    bytes torch makes differently on different CPUs)."""
+    return all(in_parts(src.nbytes // 4, lambda a, b: _bf16_from_f32(src[a * 4 : b * 4], out[a * 2 : b * 2]), threads))
 
 
 def _bf16_from_f32(src: memoryview, out: memoryview) -> bool:
@@ -91,18 +108,14 @@ def _bf16_from_f32(src: memoryview, out: memoryview) -> bool:
     return True
 
 
-def cast_into(src: memoryview, src_dtype: DType, dst_dtype: DType, out: memoryview) -> None:
-    """``src`` (elements of ``src_dtype``) cast to ``dst_dtype`` into ``out``, as torch casts them."""
+def cast_into(src: memoryview, src_dtype: DType, dst_dtype: DType, out: memoryview, threads: int | None = None) -> None:
+    """``src`` (elements of ``src_dtype``) cast to ``dst_dtype`` into ``out``, as torch casts them;
+    ``threads`` for a cast without torch (:func:`bf16_from_f32`)."""
     if src.nbytes // src_dtype.itemsize * dst_dtype.itemsize != out.nbytes:
         raise ValueError(f"cast of {src.nbytes} bytes of {src_dtype.name} into {out.nbytes} of {dst_dtype.name}")
     if not src.nbytes:
         return
-    if (
-        src_dtype.name == "float32"
-        and dst_dtype.name == "bfloat16"
-        and "torch" not in sys.modules
-        and bf16_from_f32(src, out)
-    ):
+    if torch_free(src_dtype, dst_dtype) and bf16_from_f32(src, out, threads):
         return
     import torch
 

@@ -22,7 +22,7 @@ from ...io.direct import Block, BlockPool, DirectWriter
 from ...io.pipeline import prefetch
 from ...io.raw import FileRange, pread_into
 from ...pickles.refs import TensorRef
-from .casting import cast_into
+from .casting import cast_into, in_parts, torch_free
 from .transform import _Cast
 
 __all__ = ["BLOCK", "CastReader", "block_pool", "castable", "direct_writer", "write_cast"]
@@ -67,9 +67,17 @@ class CastReader:
         if len(self._buf) < n:
             self._buf = bytearray(n)
         src = memoryview(self._buf)[:n]
-        if pread_into(where.fd, src, where.start() + s) < n:
-            raise CorruptCheckpointError(f"{cast.label}: a source file ends early (truncated?)")
-        cast_into(src, cast.source.dtype, t.dtype, out)
+        at = where.start() + s
+
+        def part(a: int, b: int) -> None:  # elements [a, b): read, then cast, on the part's own thread
+            if pread_into(where.fd, src[a * inner : b * inner], at + a * inner) < (b - a) * inner:
+                raise CorruptCheckpointError(f"{cast.label}: a source file ends early (truncated?)")
+            cast_into(src[a * inner : b * inner], cast.source.dtype, t.dtype, out[a * size : b * size], threads=1)
+
+        if torch_free(cast.source.dtype, t.dtype):  # numpy's cast and the copy from the page cache, on threads
+            in_parts(n // inner, part)
+        else:  # torch's cast runs on its own threads
+            part(0, n // inner)
 
 
 def write_cast(
