@@ -9,15 +9,38 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
 
 from dcpstudio.window.main_window import MainWindow
 from tests.app.test_window import finish
+
+
+def hover_until(qtbot: Any, viewport: Any, aim: Callable[[], QPoint], shown: Callable[[], bool]) -> QPoint:
+    """Move the mouse onto ``aim()`` until ``shown()`` holds with the point where it was on the try before:
+    a plot takes its range when it is next laid out, so a point computed before that moves with it (and
+    Qt drops a move onto the cursor's own position, hence the one-pixel step between tries). Returns the
+    point, settled, for a click."""
+    last: list[QPoint] = []
+
+    def settled() -> bool:
+        point = aim()
+        at = QPoint(point.x() + len(last) % 2, point.y())
+        assert viewport.rect().contains(at), at
+        QTest.mouseMove(viewport, at)
+        qtbot.wait(20)
+        same = bool(last) and last[-1] == point
+        last.append(point)
+        return same and shown() and aim() == point
+
+    qtbot.waitUntil(settled, timeout=10_000)
+    return last[-1]
+
 
 STEPS = (10, 20, 30, 40)
 FROZEN = "model.layers.1.w"
@@ -107,14 +130,14 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert window.select(name)
 
     # hover: the nearest step's value; a click on the point at step 30 compares steps 20 and 30
-    qtbot.wait(50)  # the plot takes its new range when it is next laid out
-    point = view.plot.scene_point(2)
-    assert point is not None and view.plot.widget.viewport().rect().contains(point.toPoint()), point
-    QTest.mouseMove(view.plot.widget.viewport(), point.toPoint())
-    qtbot.waitUntil(lambda: "step 30" in view.plot.hover_text(), timeout=5_000)
+    def aim_step_30() -> QPoint:
+        point = view.plot.scene_point(2)
+        assert point is not None
+        return point.toPoint()
+
+    at = hover_until(qtbot, view.plot.widget.viewport(), aim_step_30, lambda: "step 30" in view.plot.hover_text())
     assert f"{want[2]:.4g}" in view.plot.hover_text()
-    QTest.mouseClick(view.plot.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
-                     point.toPoint())  # fmt: skip
+    QTest.mouseClick(view.plot.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, at)
     compare = window.compare_view
     qtbot.waitUntil(lambda: window.views.currentWidget() is compare, timeout=20_000)
     finish(qtbot, window, "compare")
@@ -165,12 +188,13 @@ def test_a_run_folder_opens_as_a_run(qtbot: Any, window: MainWindow, tiny_run: P
     assert heat.image.image[frozen_row, 3].tolist() == _on_white(GREY.getRgb())[0].tolist()
     window.views.setCurrentWidget(view)  # the Compare view was shown since
     view.lists.setCurrentWidget(heat)
-    qtbot.wait(50)
     row0 = heat.names.index(name)
-    cell = heat.cell_point(row0, 3).toPoint()
-    assert heat.widget.viewport().rect().contains(cell), cell
-    QTest.mouseMove(heat.widget.viewport(), cell)
-    qtbot.waitUntil(lambda: heat.hover_text().startswith(name), timeout=5_000)
+    cell = hover_until(
+        qtbot,
+        heat.widget.viewport(),
+        lambda: heat.cell_point(row0, 3).toPoint(),
+        lambda: heat.hover_text().startswith(name),
+    )
     assert f"step 40: relative change {want[3]:.4g}" in heat.hover_text()
     QTest.mouseClick(heat.widget.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, cell)
     qtbot.waitUntil(lambda: window.ckpt.path == tiny_run / "step-40", timeout=20_000)
