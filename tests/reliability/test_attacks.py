@@ -19,6 +19,7 @@ from tests.reliability.attacks import ATTACKS, COMMANDS, Attack
 ROOT = Path(__file__).resolve().parents[2]
 RSS_LIMIT = 600 << 20
 VARIANTS = 4  # seeds per attack class: each draws one of the class's variants
+ONE_VARIANT = {"metadata-twice"}  # ~11 s each, and its seeds would differ by padding only
 _RAW = ("\x1b", "\x07", "\x08", "\u202e")
 
 
@@ -39,8 +40,9 @@ def _outputs(out: Path) -> list[Path]:
     return [p for p in out.rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("seed", range(VARIANTS))
-@pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.parametrize(
+    ("name", "seed"), [(n, s) for n in sorted(ATTACKS) for s in range(1 if n in ONE_VARIANT else VARIANTS)]
+)
 def test_crafted_checkpoint(name: str, seed: int, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
