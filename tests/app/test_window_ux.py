@@ -17,6 +17,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QFont, QGuiApplication
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
+from torch.distributed.checkpoint import save as dcp_save
 
 from dcpstudio.core import ConversionResult, open_checkpoint, torch_save_to_dcp
 from dcpstudio.window.main_window import MainWindow
@@ -63,6 +64,26 @@ def test_browser_roots_at_the_demo_folder_and_follows_opens(
     browser.path_bar.returnPressed.emit()
     assert browser.root == str(rich_pt.parent)  # a bad path changes nothing
     w.close()
+
+
+def test_a_name_cut_short_in_the_browser_is_read_whole_in_its_tooltip(
+    qtbot: Any, window: MainWindow, tmp_path: Path
+) -> None:
+    window.resize(1400, 860)
+    step = tmp_path / "a_run_of_a_long_name" / "step-0000010000"
+    dcp_save({"w": torch.ones(2)}, checkpoint_id=step, no_dist=True)
+    browser = window.browser
+    browser.set_root(str(tmp_path))
+    view, fs = browser.view, browser.fs
+    for folder in (step.parent, step):
+        qtbot.waitUntil(lambda f=folder: browser.shown.mapFromSource(fs.index(str(f))).isValid(), timeout=10_000)
+        view.expand(browser.shown.mapFromSource(fs.index(str(folder))))
+    qtbot.waitUntil(lambda: fs.rowCount(fs.index(str(step))) >= 2, timeout=10_000)
+    for path in (step.parent, step, step / "__0_0.distcp"):
+        index = browser.shown.mapFromSource(fs.index(str(path)))
+        assert index.data(Qt.ItemDataRole.ToolTipRole) == str(path), path.name
+    fmt = browser.shown.mapFromSource(fs.index(str(step))).siblingAtColumn(4)
+    assert fmt.data() == "DCP" and fmt.data(Qt.ItemDataRole.ToolTipRole) is None  # the format column: no tooltip
 
 
 # 2. columns at the default size -----------------------------------------------------------------------

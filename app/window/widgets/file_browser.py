@@ -72,6 +72,8 @@ class CheckpointFileModel(QFileSystemModel):
             if role == Qt.ItemDataRole.DisplayRole:
                 return self.format_of(Path(self.filePath(self.index(index.row(), 0, index.parent()))))
             return None
+        if role == Qt.ItemDataRole.ToolTipRole and index.column() == 0:
+            return self.filePath(index)  # the whole path of a name cut short
         return super().data(index, role)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -170,6 +172,7 @@ class FileBrowser(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(4, QHeaderView.ResizeMode.ResizeToContents)
         self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # step-10 and step-1000 stay told apart
+        self.view.setIndentation(12)  # a run's step folders and their files are names a level or two down
         self.view.setDragEnabled(True)
         self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragOnly)
         self.view.setDefaultDropAction(Qt.DropAction.CopyAction)
