@@ -112,7 +112,7 @@ class MainWindow(QMainWindow):
         split.setChildrenCollapsible(False)
         for pane in (self.browser, self.tree_pane, self.right):
             split.addWidget(pane)
-        split.setSizes([250, 500, 650])  # the browser: a run's step folders and their files, whole
+        split.setSizes([210, 530, 660])
         self.setCentralWidget(split)
         self.activity = QLabel()
         self.torch_status = QLabel()

@@ -27,8 +27,7 @@ def test_draw_button_says_what_it_reads(
     window.explore("large")
     qtbot.wait(200)
     assert ex.summary is None and not ex.summary_button.isHidden()
-    assert ex.summary_button.text() == "Draw plots (reads 8.0 KiB)"
-    assert "heatmap and histogram" in ex.summary_button.toolTip()
+    assert ex.summary_button.text() == "Draw heatmap && histogram (reads 8.0 KiB)"
     assert "1.0 KiB" in ex.summary_button.toolTip() and "reads all 8.0 KiB" in ex.summary_button.toolTip()
     assert "Not drawn by itself" in ex.summary_label.text()
     ex.summary_button.click()

@@ -316,8 +316,7 @@ class DrawButton(QPushButton):
     reads, and why it waits to be asked."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("Draw plots", parent)  # short: its row sets the views' minimum width
-        self.setToolTip("Draw the heatmap and histogram of this slice")
+        super().__init__("Draw heatmap && histogram", parent)
         keep = self.sizePolicy()
         keep.setRetainSizeWhenHidden(True)  # its row does not jump when it shows
         self.setSizePolicy(keep)
@@ -333,7 +332,7 @@ class DrawButton(QPushButton):
     def offer(self, size: int, auto: int, shown: bool) -> None:
         """``size``: the bytes drawing reads; ``auto``: the largest slice drawn unasked; ``shown``:
         whether the pictures are missing."""
-        self.setText(f"Draw plots (reads {human_bytes(size)})")
+        self.setText(f"Draw heatmap && histogram (reads {human_bytes(size)})")
         self.setToolTip(
             f"drawing the heatmap and histogram reads all {human_bytes(size)} of this slice (in strips: memory "
             f"stays bounded). Slices up to {human_bytes(auto)} are drawn as they are shown; a larger one "

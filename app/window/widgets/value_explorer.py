@@ -71,11 +71,11 @@ class ValueExplorer(QWidget):
         for box, what in ((self.goto_row, "row"), (self.goto_col, "column")):
             box.setToolTip(f"Go to this {what}")
             box.setKeyboardTracking(False)
-            box.setMinimumWidth(box.minimumSizeHint().width())  # the same for every tensor: the views' never moves
             box.valueChanged.connect(lambda _: self.go_to(self.goto_row.value(), self.goto_col.value()))
         dims = QHBoxLayout()
-        for w in (QLabel("Rows"), self.rows_box, QLabel("Columns"), self.cols_box, SideScroll(self.index_row)):
-            dims.addWidget(w, 1 if isinstance(w, SideScroll) else 0)  # many dimensions: it scrolls, not the window
+        for w in (QLabel("Rows"), self.rows_box, QLabel("Columns"), self.cols_box):
+            dims.addWidget(w)
+        dims.addWidget(SideScroll(self.index_row), 1)  # many dimensions: it scrolls, the window keeps its width
         for where in (self.slice_label, QLabel("Go to"), self.goto_row, self.goto_col):
             dims.addWidget(where)
         self.table = QTableView()
